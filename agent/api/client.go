@@ -1,0 +1,186 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Client talks to an agent over its control socket. Safe for concurrent use.
+type Client struct {
+	Socket string
+	hc     *http.Client
+}
+
+// NewClient returns a client for the agent at socket.
+func NewClient(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns: 4,
+	}
+	return &Client{Socket: socket, hc: &http.Client{Transport: tr}}
+}
+
+// UnreachableError says the agent could not be reached.
+type UnreachableError struct {
+	Socket string
+	Err    error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("cannot reach the deployd agent at %s: %v (is `deployd agent` running? "+
+		"pass --socket or set DEPLOYD_SOCKET if it uses another socket)", e.Socket, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
+// StatusError is a non-2xx answer of the agent.
+type StatusError struct {
+	Code    int
+	Message string
+}
+
+func (e *StatusError) Error() string { return e.Message }
+
+// IsUsage reports whether the agent rejected the request as invalid
+// (bad input, unknown app, invalid config).
+func (e *StatusError) IsUsage() bool {
+	return e.Code == http.StatusBadRequest || e.Code == http.StatusNotFound
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://deployd"+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		var ne *net.OpError
+		if errors.As(err, &ne) && ne.Op == "dial" {
+			return nil, &UnreachableError{Socket: c.Socket, Err: ne.Err}
+		}
+		return nil, fmt.Errorf("agent at %s: %w", c.Socket, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		var e Error
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(b, &e) != nil || e.Error == "" {
+			e.Error = fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))
+		}
+		return nil, &StatusError{Code: resp.StatusCode, Message: e.Error}
+	}
+	return resp, nil
+}
+
+func (c *Client) getJSON(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.do(ctx, method, path, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("agent answer: %w", err)
+	}
+	return nil
+}
+
+// Status returns the agent's status; app "" means every app.
+func (c *Client) Status(ctx context.Context, app string) (*Status, error) {
+	path := PathStatus
+	if app != "" {
+		path += "?app=" + url.QueryEscape(app)
+	}
+	var st Status
+	return &st, c.getJSON(ctx, http.MethodGet, path, nil, &st)
+}
+
+// Version returns the agent's version and pid.
+func (c *Client) Version(ctx context.Context) (*VersionInfo, error) {
+	var v VersionInfo
+	return &v, c.getJSON(ctx, http.MethodGet, PathVersion, nil, &v)
+}
+
+// Shutdown asks the agent to stop its workers and exit.
+func (c *Client) Shutdown(ctx context.Context) error {
+	return c.getJSON(ctx, http.MethodPost, PathShutdown, struct{}{}, nil)
+}
+
+// Reload runs a reload and calls onEvent for each progress event.
+func (c *Client) Reload(ctx context.Context, req ReloadRequest, onEvent func(Event)) (*Result, error) {
+	return c.Stream(ctx, PathReload, req, onEvent)
+}
+
+// Restart stops and starts every worker of app.
+func (c *Client) Restart(ctx context.Context, app string, onEvent func(Event)) (*Result, error) {
+	return c.Stream(ctx, PathRestart, AppRequest{App: app}, onEvent)
+}
+
+// Stream posts body to path and reads a stream of StreamLines until the result.
+func (c *Client) Stream(ctx context.Context, path string, body any, onEvent func(Event)) (*Result, error) {
+	resp, err := c.do(ctx, http.MethodPost, path, body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var l StreamLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return nil, fmt.Errorf("agent answer: %w", err)
+		}
+		if l.Event != nil && onEvent != nil {
+			onEvent(*l.Event)
+		}
+		if l.Result != nil {
+			return l.Result, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("agent answer: %w", err)
+	}
+	return nil, errors.New("agent closed the connection before the result (did it stop?)")
+}
+
+// WaitReady polls the agent until it answers or timeout passes.
+func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		_, err := c.Version(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,126 @@
+// Package api holds the control protocol between the CLI and the agent:
+// HTTP+JSON on the agent's Unix socket. It has the wire types and the client.
+package api
+
+import "time"
+
+// Paths of the control API.
+const (
+	PathStatus   = "/v1/status"
+	PathReload   = "/v1/reload"
+	PathRestart  = "/v1/restart"
+	PathShutdown = "/v1/shutdown"
+	PathVersion  = "/v1/version"
+)
+
+// MaxRequestBytes bounds a request body.
+const MaxRequestBytes = 1 << 20
+
+// Status is the answer of GET /v1/status.
+type Status struct {
+	Agent Agent `json:"agent"`
+	Apps  []App `json:"apps"`
+}
+
+// Agent describes the agent process.
+type Agent struct {
+	Version       string  `json:"version"`
+	PID           int     `json:"pid"`
+	UptimeSeconds float64 `json:"uptime_seconds"`
+	Config        string  `json:"config"`
+	Socket        string  `json:"socket"`
+	RSSBytes      int64   `json:"rss_bytes"`
+}
+
+// App is one app's state.
+type App struct {
+	Name      string   `json:"name"`
+	State     string   `json:"state"`
+	Release   string   `json:"release"`
+	Instances int      `json:"instances"`
+	Listen    []string `json:"listen"`
+	Restarts  int      `json:"restarts"`
+	LastExit  string   `json:"last_exit,omitempty"`
+	LastLines []string `json:"last_lines,omitempty"`
+	Workers   []Worker `json:"workers"`
+}
+
+// Worker is one worker process.
+type Worker struct {
+	Slot          int     `json:"slot"`
+	PID           int     `json:"pid"`
+	State         string  `json:"state"`
+	Release       string  `json:"release"`
+	Generation    int     `json:"generation"`
+	Restarts      int     `json:"restarts"`
+	UptimeSeconds float64 `json:"uptime_seconds"`
+	ReadyMillis   int64   `json:"ready_ms,omitempty"`
+	CPUPercent    float64 `json:"cpu_percent"`
+	RSSBytes      int64   `json:"rss_bytes"`
+	Status        string  `json:"status,omitempty"`
+}
+
+// ReloadRequest is the body of POST /v1/reload.
+type ReloadRequest struct {
+	Apps     []string `json:"apps,omitempty"` // empty = all
+	Strategy string   `json:"strategy,omitempty"`
+}
+
+// AppRequest names one app (restart).
+type AppRequest struct {
+	App string `json:"app"`
+}
+
+// Event is one progress step of an operation.
+type Event struct {
+	Time    time.Time `json:"time"`
+	App     string    `json:"app"`
+	Type    string    `json:"type"`
+	Slot    int       `json:"slot"`
+	PID     int       `json:"pid,omitempty"`
+	Release string    `json:"release,omitempty"`
+	Millis  int64     `json:"ms,omitempty"`
+	Message string    `json:"message,omitempty"`
+}
+
+// StreamLine is one line of a streamed answer: an event, or the final result.
+type StreamLine struct {
+	Event  *Event  `json:"event,omitempty"`
+	Result *Result `json:"result,omitempty"`
+}
+
+// Result ends an operation.
+type Result struct {
+	OK   bool        `json:"ok"`
+	Apps []AppResult `json:"apps"`
+}
+
+// Outcomes of an operation on one app.
+const (
+	OutcomeDone      = "done"
+	OutcomeAbandoned = "abandoned" // new version never got ready; old still serving
+	OutcomeFailed    = "failed"
+	OutcomeRefused   = "refused" // another operation on the app is running
+)
+
+// AppResult is the outcome for one app.
+type AppResult struct {
+	App             string   `json:"app"`
+	Outcome         string   `json:"outcome"`
+	Release         string   `json:"release,omitempty"`
+	Error           string   `json:"error,omitempty"`
+	ExitStatus      string   `json:"exit_status,omitempty"`
+	LastLines       []string `json:"last_lines,omitempty"`
+	DurationSeconds float64  `json:"duration_seconds"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error string `json:"error"`
+}
+
+// VersionInfo is the answer of GET /v1/version.
+type VersionInfo struct {
+	Version string `json:"version"`
+	PID     int    `json:"pid"`
+}

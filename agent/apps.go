@@ -1,0 +1,206 @@
+package agent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers"
+	"github.com/deployd/deployd/workers/logs"
+)
+
+// appRT is one app at run time. Owned by Agent (under a.mu); the supervisor
+// is safe for concurrent use.
+type appRT struct {
+	name      string
+	cfg       *config.App
+	sup       *workers.Supervisor
+	listeners []*handoff.Listener
+	out, err  *logs.Sink
+}
+
+func (rt *appRT) closeLogs() {
+	for _, s := range []*logs.Sink{rt.out, rt.err} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+func (rt *appRT) rotateLogs() error {
+	for _, s := range []*logs.Sink{rt.out, rt.err} {
+		if s != nil {
+			if err := s.Rotate(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// newApp acquires the app's listeners, opens its logs and builds its
+// supervisor. Called with a.mu held or before the agent serves.
+func (a *Agent) newApp(app *config.App) (*appRT, error) {
+	ls, err := a.acquireListeners(app)
+	if err != nil {
+		return nil, err
+	}
+	rt := &appRT{name: app.Name, cfg: app, listeners: ls}
+	logDir := a.cfg.Agent.LogDir
+	for _, s := range []struct {
+		dst  **logs.Sink
+		name string
+	}{{&rt.out, app.Name + ".out.log"}, {&rt.err, app.Name + ".err.log"}} {
+		*s.dst, err = logs.OpenSink(logs.Options{
+			Path: filepath.Join(logDir, s.name), Format: app.Logs.Format, MaxSize: app.Logs.MaxSize,
+			MaxFiles: app.Logs.MaxFiles, MaxAge: app.Logs.MaxAge, Compress: app.Logs.Compress,
+		})
+		if err != nil {
+			rt.closeLogs()
+			return nil, fmt.Errorf("log file: %w", err)
+		}
+	}
+	a.generation++
+	spec, err := a.specFor(app, ls, a.generation)
+	if err != nil {
+		rt.closeLogs()
+		return nil, err
+	}
+	rt.sup = workers.New(workers.Options{
+		App: app.Name, Shim: a.shim, NotifyAddr: a.notify.Addr(),
+		Out: rt.out, Err: rt.err, Registry: a.registry, Logger: a.log.Named("workers"),
+	}, spec)
+	return rt, nil
+}
+
+// acquireListeners returns the listeners of app, reusing the agent's open
+// ones. A new one that cannot be opened fails the whole call; listeners it
+// opened are kept in a.listeners (a later call reuses them).
+func (a *Agent) acquireListeners(app *config.App) ([]*handoff.Listener, error) {
+	out := make([]*handoff.Listener, 0, len(app.Listen))
+	for _, l := range app.Listen {
+		key := handoff.Key(l.Network, l.Address)
+		hl := a.listeners[key]
+		if hl == nil {
+			var err error
+			hl, err = handoff.Acquire(a.upg.Fds, l.Network, l.Address, l.Name, app.Nonblocking)
+			if err != nil {
+				return nil, fmt.Errorf("listen %s: %w", l.URL, err)
+			}
+			if hl.Inherited {
+				a.log.Info("listener inherited", "app", app.Name, "listen", l.URL)
+			}
+			a.listeners[key] = hl
+		}
+		hl.Name = l.Name
+		out = append(out, hl)
+	}
+	return out, nil
+}
+
+// closeUnusedListeners closes listeners no app uses any more.
+func (a *Agent) closeUnusedListeners() {
+	used := map[string]bool{}
+	for _, rt := range a.apps {
+		for _, l := range rt.listeners {
+			used[l.Key()] = true
+		}
+	}
+	for key, l := range a.listeners {
+		if !used[key] {
+			a.log.Info("closing listener no app uses", "address", l.Address)
+			l.Close()
+			if l.Network == "unix" {
+				_ = os.Remove(l.Address)
+			}
+			delete(a.listeners, key)
+		}
+	}
+}
+
+// specFor builds the workers.Spec of app's config.
+func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int) (*workers.Spec, error) {
+	cred, err := credential(app)
+	if err != nil {
+		return nil, err
+	}
+	spec := &workers.Spec{
+		Release: configRelease(app), Generation: gen, Argv: app.Command, Dir: app.Cwd,
+		Env: append(workerBaseEnv(), app.Env...), Credential: cred, Instances: app.Instances,
+		Listeners: ls, Ready: app.Ready, ReadyTimeout: app.ReadyTimeout, StopSignal: app.StopSignal,
+		StopTimeout: app.StopTimeout, Restart: app.Restart, MaxSurge: app.MaxSurge,
+	}
+	return spec, nil
+}
+
+// configRelease names an app's configured version: a short hash of what the
+// workers run, so a reload that changes the command or env shows a new one.
+func configRelease(app *config.App) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q %q", app.Command, app.Cwd, app.Env)
+	if fi, err := os.Stat(app.Command[0]); err == nil {
+		fmt.Fprintf(h, " %d %d", fi.Size(), fi.ModTime().UnixNano())
+	}
+	return "cfg-" + hex.EncodeToString(h.Sum(nil))[:8]
+}
+
+// workerBaseEnv is the agent's environment without what belongs to the
+// agent alone (systemd's and deployd's own variables).
+func workerBaseEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(k, "LISTEN_"), k == "NOTIFY_SOCKET", k == "WATCHDOG_USEC", k == "WATCHDOG_PID",
+			strings.HasPrefix(k, "DEPLOYD_"), strings.HasPrefix(k, "TABLEFLIP_"), k == "NODE_CHANNEL_FD":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// credential returns the uid/gid to run app's workers as, nil for the agent's.
+func credential(app *config.App) (*syscall.Credential, error) {
+	if app.User == "" && app.Group == "" {
+		return nil, nil
+	}
+	cred := &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}
+	if app.User != "" {
+		u, err := user.Lookup(app.User)
+		if err != nil {
+			return nil, fmt.Errorf("user %q: %w", app.User, err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cred.Uid, cred.Gid = uint32(uid), uint32(gid)
+	}
+	if app.Group != "" {
+		gid, err := lookupGroup(app.Group)
+		if err != nil {
+			return nil, err
+		}
+		cred.Gid = uint32(gid)
+	}
+	if cred.Uid != uint32(os.Getuid()) && os.Getuid() != 0 {
+		return nil, fmt.Errorf("user %q: the agent must run as root to start workers as another user", app.User)
+	}
+	cred.NoSetGroups = true
+	return cred, nil
+}
+
+func lookupGroup(name string) (int, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("group %q: %w", name, err)
+	}
+	return strconv.Atoi(g.Gid)
+}

@@ -1,0 +1,129 @@
+// Package config loads and validates deployd.toml: the agent's settings and
+// one [apps.NAME] table per app. Every error names the file, the line, the key
+// and how to fix it; a config that loads is complete (defaults applied, paths
+// absolute, durations and signals parsed).
+package config
+
+import (
+	"regexp"
+	"syscall"
+	"time"
+)
+
+// Config is a loaded, validated deployd.toml.
+type Config struct {
+	// Path is the absolute path of the file it was loaded from.
+	Path  string
+	Agent Agent
+	// Apps by name; AppNames lists the names sorted.
+	Apps     map[string]*App
+	AppNames []string
+}
+
+// Agent holds the [agent] table.
+type Agent struct {
+	// Socket is the control socket path. Default: $XDG_RUNTIME_DIR/deployd.sock,
+	// or /run/deployd/deployd.sock when running as root (or XDG_RUNTIME_DIR unset).
+	Socket string
+	// SocketGroup, when set, makes the control socket 0660 owned by that group.
+	SocketGroup string
+	// StateDir holds state.json and releases/. Default /var/lib/deployd for root,
+	// else $XDG_STATE_HOME/deployd (~/.local/state/deployd).
+	StateDir string
+	// LogDir holds the app logs. Default /var/log/deployd for root, else
+	// StateDir/logs.
+	LogDir string
+	// UpgradeTimeout bounds an agent self-upgrade (handoff). Default 1m.
+	UpgradeTimeout time.Duration
+	// PIDFile, when set, is written with the agent's pid when it is ready.
+	PIDFile string
+	// Metrics is a listen address for Prometheus metrics, empty = off.
+	Metrics string
+	// UpgradePublicKey is a minisign public key; when set, upgrades need a signature.
+	UpgradePublicKey string
+}
+
+// ReadyMode is how a worker tells it is ready.
+type ReadyMode string
+
+// Ready modes.
+const (
+	ReadyNotify  ReadyMode = "notify"   // READY=1 on NOTIFY_SOCKET
+	ReadyNodeIPC ReadyMode = "node-ipc" // process.send('ready') on NODE_CHANNEL_FD
+	ReadyLog     ReadyMode = "log"      // an output line matches Regex
+	ReadyDelay   ReadyMode = "delay"    // alive for Delay
+)
+
+// Ready is a parsed `ready = "..."` value.
+type Ready struct {
+	Mode  ReadyMode
+	Regex *regexp.Regexp // ReadyLog
+	Delay time.Duration  // ReadyDelay
+	// Raw is the value as written in the file.
+	Raw string
+}
+
+// Listen is one parsed `listen` URL.
+type Listen struct {
+	// Network is "tcp", "tcp4", "tcp6" or "unix".
+	Network string
+	// Address is host:port for tcp (as written, e.g. "127.0.0.1:8080",
+	// "[::1]:8080", ":8080"), an absolute path for unix.
+	Address string
+	// Name is the LISTEN_FDNAMES entry: the URL's fragment (#name) or, by
+	// default, the app name.
+	Name string
+	// URL is the value as written in the file.
+	URL string
+}
+
+// Restart is the [apps.NAME.restart] crash-restart policy.
+type Restart struct {
+	Backoff     time.Duration // first delay, default 100ms
+	MaxBackoff  time.Duration // cap, default 30s
+	MaxRestarts int           // within Window before the app is errored, default 10
+	Window      time.Duration // default 1m
+	// StableAfter: a worker up this long resets its backoff. Default 10s
+	// (key `stable_after`).
+	StableAfter time.Duration
+}
+
+// App is one [apps.NAME] table.
+type App struct {
+	Name    string
+	Command []string // argv; Command[0] resolved: absolute path, or a path relative to the release dir when Releases
+	Cwd     string   // absolute; default the config file's folder
+	// Env is added to the agent's environment, sorted "K=V" entries.
+	Env []string
+	// Instances is the resolved worker count (>= 1); InstancesSpec the raw
+	// value ("max", "4", "-1").
+	Instances     int
+	InstancesSpec string
+	Listen        []Listen
+	Ready         Ready
+	ReadyTimeout  time.Duration // default 30s
+	StopSignal    syscall.Signal
+	StopTimeout   time.Duration // default 30s
+	Nonblocking   bool          // hand listeners over in non-blocking mode
+	MaxSurge      int           // extra workers during a rolling reload, default 1
+	Restart       Restart
+	// Releases: the app runs releases installed by `deployd deploy`.
+	Releases     bool
+	KeepReleases int // default 5
+	// MaxMemory in bytes, 0 = no limit.
+	MaxMemory   int64
+	CPUAffinity bool
+	User, Group string
+	// Watchdog: a worker must send WATCHDOG=1 at least this often; 0 = off.
+	Watchdog time.Duration
+	Logs     Logs
+}
+
+// Logs is the [apps.NAME.logs] table.
+type Logs struct {
+	Format   string // "text" (default), "raw" or "json"
+	MaxSize  int64  // bytes before rotation, default 100 MiB
+	MaxFiles int    // rotated files kept, default 10
+	MaxAge   time.Duration
+	Compress bool
+}

@@ -1,0 +1,191 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/procfs"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/workers"
+)
+
+func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
+	var req api.ReloadRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	strategy := workers.Strategy(req.Strategy)
+	switch strategy {
+	case "":
+		strategy = workers.Rolling
+	case workers.Rolling, workers.BlueGreen:
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown strategy %q; use rolling or blue-green", req.Strategy))
+		return
+	}
+	cfg, err := config.Load(a.Config().Path)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "the config is invalid; nothing was changed:\n"+err.Error())
+		return
+	}
+	names := req.Apps
+	all := len(names) == 0
+	if all {
+		names = cfg.AppNames
+	}
+	for _, n := range names {
+		if _, ok := cfg.Apps[n]; !ok {
+			writeError(w, http.StatusNotFound, unknownApp(n, cfg))
+			return
+		}
+	}
+	st := newStream(w)
+	results := a.reloadApps(cfg, names, strategy, st.event)
+	if all {
+		results = append(results, a.removeApps(cfg, st.event)...)
+	}
+	a.mu.Lock()
+	a.cfg = cfg
+	a.mu.Unlock()
+	res := &api.Result{OK: true, Apps: results}
+	for _, r := range results {
+		if r.Outcome != api.OutcomeDone {
+			res.OK = false
+		}
+	}
+	st.send(api.StreamLine{Result: res})
+}
+
+// reloadApps moves each named app to its config in cfg, apps in parallel.
+func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.Strategy, emit func(workers.Event)) []api.AppResult {
+	results := make([]api.AppResult, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.Now()
+			results[i] = a.reloadApp(cfg.Apps[n], strategy, emit)
+			results[i].DurationSeconds = time.Since(t).Seconds()
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(workers.Event)) api.AppResult {
+	res := api.AppResult{App: app.Name, Outcome: api.OutcomeDone}
+	a.mu.Lock()
+	rt := a.apps[app.Name]
+	if rt == nil { // a new app: start it
+		nrt, err := a.newApp(app)
+		if err != nil {
+			a.mu.Unlock()
+			res.Outcome, res.Error = api.OutcomeFailed, err.Error()
+			return res
+		}
+		a.apps[app.Name] = nrt
+		a.mu.Unlock()
+		res.Release = nrt.sup.Spec().Release
+		if err := nrt.sup.Start(); err != nil {
+			res.Outcome, res.Error = api.OutcomeFailed, err.Error()
+		}
+		return res
+	}
+	ls, err := a.acquireListeners(app)
+	if err != nil {
+		a.mu.Unlock()
+		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
+		return res
+	}
+	a.generation++
+	spec, err := a.specFor(app, ls, a.generation)
+	a.mu.Unlock()
+	if err != nil {
+		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
+		return res
+	}
+	res.Release = spec.Release
+	err = rt.sup.Reload(spec, strategy, emit)
+	var ab *workers.AbandonedError
+	switch {
+	case err == nil:
+		a.mu.Lock()
+		rt.cfg, rt.listeners = app, ls
+		a.closeUnusedListeners()
+		a.mu.Unlock()
+	case errors.Is(err, workers.ErrBusy):
+		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)
+	case errors.As(err, &ab):
+		res.Outcome, res.Error = api.OutcomeAbandoned, err.Error()
+		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
+	default:
+		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
+	}
+	return res
+}
+
+// removeApps stops apps that are no longer in cfg.
+func (a *Agent) removeApps(cfg *config.Config, emit func(workers.Event)) []api.AppResult {
+	a.mu.Lock()
+	var gone []*appRT
+	for n, rt := range a.apps {
+		if _, ok := cfg.Apps[n]; !ok {
+			gone = append(gone, rt)
+			delete(a.apps, n)
+		}
+	}
+	a.mu.Unlock()
+	var out []api.AppResult
+	for _, rt := range gone {
+		t := time.Now()
+		emit(workers.Event{Time: t, App: rt.name, Type: "removed", Message: "no longer in the config; stopping"})
+		rt.sup.Stop()
+		rt.closeLogs()
+		out = append(out, api.AppResult{App: rt.name, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()})
+	}
+	if len(gone) > 0 {
+		a.mu.Lock()
+		a.closeUnusedListeners()
+		a.mu.Unlock()
+	}
+	return out
+}
+
+func unknownApp(name string, cfg *config.Config) string {
+	known := strings.Join(cfg.AppNames, ", ")
+	if known == "" {
+		known = "none"
+	}
+	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, cfg.Path, known)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return slices.Clip(keys)
+}
+
+// selfRSS is the agent's resident memory in bytes.
+func selfRSS() int64 {
+	p, err := procfs.Self()
+	if err != nil {
+		return 0
+	}
+	st, err := p.Stat()
+	if err != nil {
+		return 0
+	}
+	return int64(st.ResidentMemory())
+}

@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent"
+	"github.com/deployd/deployd/agent/config"
+)
+
+var logFlags = []cli.Flag{
+	&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"DEPLOYD_LOG_LEVEL"},
+		Usage: "agent log level: trace, debug, info, warn, error"},
+	&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: []string{"DEPLOYD_LOG_FORMAT"},
+		Usage: "agent log format: text or json"},
+}
+
+func newLogger(c *cli.Context) (hclog.Logger, error) {
+	level := hclog.LevelFromString(c.String("log-level"))
+	if level == hclog.NoLevel {
+		return nil, fail(ExitUsage, "--log-level %q: use trace, debug, info, warn or error", c.String("log-level"))
+	}
+	format := c.String("log-format")
+	if format != "text" && format != "json" {
+		return nil, fail(ExitUsage, "--log-format %q: use text or json", format)
+	}
+	return hclog.New(&hclog.LoggerOptions{
+		Name: "deployd", Level: level, JSONFormat: format == "json", Output: c.App.ErrWriter,
+		TimeFormat: "2006-01-02T15:04:05.000Z07:00",
+	}), nil
+}
+
+func agentCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "agent",
+		Usage: "run the agent in the foreground (as systemd or a container runs it)",
+		Description: "Loads the config, opens every app's listeners (a busy port is an error, exit 2),\n" +
+			"starts the workers and serves the control socket until SIGTERM, SIGINT or\n" +
+			"`deployd shutdown`, then stops every worker gracefully and exits 0.\n" +
+			"SIGHUP hands every socket to a new agent started from the binary at its path;\n" +
+			"SIGUSR1 reopens (rotates) the log files.\n\n" +
+			"Example: deployd agent -c /etc/deployd/deployd.toml",
+		Flags: append([]cli.Flag{configFlag,
+			&cli.StringFlag{Name: "socket", EnvVars: []string{"DEPLOYD_SOCKET"},
+				Usage: "control socket `PATH` (overrides [agent] socket)"},
+		}, logFlags...),
+		Action: func(c *cli.Context) error {
+			log, err := newLogger(c)
+			if err != nil {
+				return err
+			}
+			return runAgent(agent.Options{
+				ConfigPath: config.Find(c.String("config")), Socket: c.String("socket"), Logger: log,
+			})
+		},
+	}
+}
+
+func runAgent(opts agent.Options) error {
+	err := agent.Run(opts)
+	var se *agent.SetupError
+	if errors.As(err, &se) {
+		return fail(ExitUsage, "%v", se.Err)
+	}
+	if err != nil {
+		return fail(ExitFailed, "%v", err)
+	}
+	return nil
+}
+
+func configCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "config",
+		Usage: "work with the config file",
+		Subcommands: []*cli.Command{{
+			Name:  "check",
+			Usage: "validate the config file and print what it resolves to",
+			Description: "Reports every problem with its file, line, key and a fix; exit 2 when\n" +
+				"there is one. Example: deployd config check -c /etc/deployd/deployd.toml",
+			Flags: []cli.Flag{configFlag},
+			Action: func(c *cli.Context) error {
+				path := config.Find(c.String("config"))
+				cfg, err := config.Load(path)
+				if err != nil {
+					return fail(ExitUsage, "%v", err)
+				}
+				w := c.App.Writer
+				fmt.Fprintf(w, "%s: ok\n  socket    %s\n  state_dir %s\n  log_dir   %s\n",
+					cfg.Path, cfg.Agent.Socket, cfg.Agent.StateDir, cfg.Agent.LogDir)
+				for _, n := range cfg.AppNames {
+					a := cfg.Apps[n]
+					var ls []string
+					for _, l := range a.Listen {
+						ls = append(ls, l.URL)
+					}
+					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s\n",
+						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw)
+				}
+				return nil
+			},
+		}},
+	}
+}
+
+func demoCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "demo",
+		Usage: "run the agent on its built-in hello app (try deployd in one command)",
+		Description: "Writes a config for a built-in hello app (this binary in a hidden worker mode,\n" +
+			"speaking the worker contract) and runs the agent on it in the foreground:\n" +
+			"one worker per core on 127.0.0.1:8080. Each answer names the worker's pid and\n" +
+			"version, so you can watch `deployd reload` replace them. Ctrl-C stops it.",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "`HOST:PORT` to serve the demo app on"},
+			&cli.StringFlag{Name: "instances", Value: "max", Usage: `workers: "max" (one per core), N, or -N`},
+			&cli.StringFlag{Name: "dir", Usage: "folder for the demo's config, state and logs (default: a new temporary folder)"},
+			&cli.StringFlag{Name: "socket", EnvVars: []string{"DEPLOYD_SOCKET"},
+				Usage: "control socket `PATH` (default " + config.DefaultSocket() + ")"},
+		}, logFlags...),
+		Action: runDemo,
+	}
+}
+
+func runDemo(c *cli.Context) error {
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fail(ExitFailed, "find own binary: %v", err)
+	}
+	dir := c.String("dir")
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "deployd-demo-"); err != nil {
+			return fail(ExitFailed, "%v", err)
+		}
+		defer os.RemoveAll(dir)
+	}
+	sock := c.String("socket")
+	if sock == "" {
+		sock = config.DefaultSocket()
+	}
+	cfgPath := filepath.Join(dir, "deployd.toml")
+	body := fmt.Sprintf(`# written by deployd demo
+[agent]
+socket    = %q
+state_dir = "state"
+log_dir   = "logs"
+
+[apps.hello]
+command   = [%q, "demo-worker"]
+instances = %q
+listen    = ["tcp://%s"]
+ready     = "notify"
+ready_timeout = "10s"
+stop_timeout  = "10s"
+`, sock, self, c.String("instances"), c.String("listen"))
+	if err := os.WriteFile(cfgPath, []byte(body), 0o644); err != nil {
+		return fail(ExitFailed, "write demo config: %v", err)
+	}
+	return runAgent(agent.Options{ConfigPath: cfgPath, Logger: log, Ready: func(a *agent.Agent) {
+		n := a.Config().Apps["hello"].Instances
+		fmt.Fprintf(c.App.Writer, `
+deployd demo is serving http://%[1]s/ with %[2]d workers (config: %[3]s).
+Try, in another terminal:
+  curl http://%[1]s/                  # answered by one of the workers
+  deployd status                      # workers, pids, CPU, memory
+  deployd reload                      # rolling reload: new pids, zero failed requests
+  kill -9 <a worker pid>; deployd status   # the worker is restarted
+Stop with Ctrl-C (or deployd shutdown).
+
+`, c.String("listen"), n, cfgPath)
+	}})
+}

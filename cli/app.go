@@ -1,0 +1,153 @@
+// Package cli is deployd's command line: commands, flags, output (tables,
+// progress, --json) and exit codes. It talks to the agent only through the
+// control client in agent/api.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/internal/version"
+)
+
+// Exit codes of every command.
+const (
+	ExitOK          = 0
+	ExitFailed      = 1 // the operation failed (e.g. reload abandoned)
+	ExitUsage       = 2 // usage or config error
+	ExitUnreachable = 3 // the agent cannot be reached
+)
+
+// exitError carries an exit code and a message already meant for the user.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func fail(code int, format string, args ...any) error {
+	return &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// Main runs the CLI with args (os.Args) and returns the exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	err := app.Run(args)
+	if err == nil {
+		return ExitOK
+	}
+	code := exitCodeOf(err)
+	if msg := err.Error(); msg != "" {
+		fmt.Fprintf(stderr, "deployd: %s\n", msg)
+	}
+	return code
+}
+
+func exitCodeOf(err error) int {
+	var ee *exitError
+	var ue *api.UnreachableError
+	var se *api.StatusError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ue):
+		return ExitUnreachable
+	case errors.As(err, &se):
+		if se.IsUsage() {
+			return ExitUsage
+		}
+		return ExitFailed
+	}
+	return ExitUsage // urfave/cli's own errors are usage errors (bad flag, ...)
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:    "deployd",
+		Usage:   "zero-downtime deploy agent: per-core workers behind inherited sockets",
+		Version: version.String(),
+		Description: "deployd keeps a pool of worker processes per app behind listening sockets it opens\n" +
+			"and hands to every worker (systemd's LISTEN_FDS protocol), so the kernel balances\n" +
+			"connections and the agent is never on the data path. Reloads start new workers,\n" +
+			"wait until they are ready, then drain old ones one by one.\n\n" +
+			"Start with `deployd demo`, then try `deployd status` and `deployd reload` in\n" +
+			"another terminal. Exit codes: 0 ok, 1 operation failed, 2 usage or config error,\n" +
+			"3 agent unreachable.",
+		Writer:                 stdout,
+		ErrWriter:              stderr,
+		HideVersion:            true,
+		UseShortOptionHandling: true,
+		ExitErrHandler:         func(*cli.Context, error) {},
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return fail(ExitUsage, "%v (see `deployd %s --help`)", err, c.Command.Name)
+		},
+		Commands: []*cli.Command{
+			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(),
+			shutdownCommand(), versionCommand(), configCommand(), demoWorkerCommand(),
+		},
+	}
+}
+
+var configFlag = &cli.StringFlag{
+	Name: "config", Aliases: []string{"c"}, EnvVars: []string{"DEPLOYD_CONFIG"},
+	Usage: "config `FILE` (default ./deployd.toml)",
+}
+
+var socketFlag = &cli.StringFlag{
+	Name: "socket", EnvVars: []string{"DEPLOYD_SOCKET"},
+	Usage: "agent control socket `PATH` (default: from the config, else " + config.DefaultSocket() + ")",
+}
+
+var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON instead of text"}
+
+// clientFlags are the flags of every command that talks to the agent.
+func clientFlags(extra ...cli.Flag) []cli.Flag {
+	return append([]cli.Flag{socketFlag, configFlag}, extra...)
+}
+
+// socketPath finds the control socket: --socket, $DEPLOYD_SOCKET, the
+// config's [agent] socket, else the default.
+func socketPath(c *cli.Context) string {
+	if s := c.String("socket"); s != "" {
+		return s
+	}
+	path := config.Find(c.String("config"))
+	if cfg, err := config.Load(path); err == nil {
+		return cfg.Agent.Socket
+	}
+	return config.DefaultSocket()
+}
+
+func client(c *cli.Context) *api.Client {
+	return api.NewClient(socketPath(c))
+}
+
+func ctx(c *cli.Context) context.Context {
+	if c.Context != nil {
+		return c.Context
+	}
+	return context.Background()
+}
+
+// exactArgs checks the number of positional arguments.
+func exactArgs(c *cli.Context, n int, usage string) error {
+	if c.NArg() != n {
+		return fail(ExitUsage, "usage: deployd %s %s", c.Command.Name, usage)
+	}
+	return nil
+}
+
+func init() {
+	cli.VersionPrinter = func(c *cli.Context) {
+		fmt.Fprintln(c.App.Writer, "deployd", version.String())
+	}
+	_ = os.Stdout
+}

@@ -1,0 +1,202 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/internal/demoapp"
+	"github.com/deployd/deployd/internal/version"
+)
+
+func reloadCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "reload",
+		Usage:     "re-read the config and replace workers with zero downtime",
+		ArgsUsage: "[APP...]",
+		Description: "Re-reads the config file and moves each named app (all apps if none) to it.\n" +
+			"rolling (default): for max_surge slots at a time, start a new worker, wait until\n" +
+			"it is ready, then drain the old one. blue-green: start every new worker, wait until\n" +
+			"all are ready, then drain every old one. A new worker that exits or is not ready\n" +
+			"within ready_timeout abandons the reload: the new workers stop and the old version\n" +
+			"keeps serving. An invalid config changes nothing.\n\n" +
+			"Progress goes to stderr; --json prints one JSON event per line and a final result.\n" +
+			"Exit codes: 0 done, 1 abandoned or failed (old version still serving), 2 usage or\n" +
+			"config error, 3 agent unreachable.\n\n" +
+			"Example: deployd reload web --strategy blue-green",
+		Flags: clientFlags(jsonFlag,
+			&cli.StringFlag{Name: "strategy", Value: "rolling", Usage: "rolling or blue-green"},
+			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D` (the reload goes on in the agent); default: no limit"},
+		),
+		Action: func(c *cli.Context) error {
+			s := c.String("strategy")
+			if s != "rolling" && s != "blue-green" {
+				return fail(ExitUsage, "--strategy %q: use rolling or blue-green", s)
+			}
+			req := api.ReloadRequest{Apps: c.Args().Slice(), Strategy: s}
+			return runStream(c, "reload", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+				return cl.Reload(cx, req, on)
+			})
+		},
+	}
+}
+
+func restartCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "restart",
+		Usage:     "stop every worker of an app, then start them again (also clears errored)",
+		ArgsUsage: "APP",
+		Description: "For apps that cannot run two versions side by side, and to start an app that\n" +
+			"is errored (crashed too often) again. This drops capacity to zero while it runs;\n" +
+			"use `deployd reload` for a zero-downtime replacement.",
+		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"}),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP"); err != nil {
+				return err
+			}
+			app := c.Args().First()
+			return runStream(c, "restart", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+				return cl.Restart(cx, app, on)
+			})
+		},
+	}
+}
+
+type streamCall func(context.Context, *api.Client, func(api.Event)) (*api.Result, error)
+
+// runStream runs a streamed operation, printing progress and a summary.
+func runStream(c *cli.Context, verb string, call streamCall) error {
+	cx := ctx(c)
+	if d := c.Duration("timeout"); d > 0 {
+		var cancel context.CancelFunc
+		cx, cancel = context.WithTimeout(cx, d)
+		defer cancel()
+	}
+	asJSON := c.Bool("json")
+	enc := json.NewEncoder(c.App.Writer)
+	res, err := call(cx, client(c), func(e api.Event) {
+		if asJSON {
+			_ = enc.Encode(e)
+			return
+		}
+		printEvent(c.App.ErrWriter, e)
+	})
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fail(ExitFailed, "%s: gave up waiting after --timeout %s; the agent goes on with it (see `deployd status`)",
+			verb, c.Duration("timeout"))
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_ = enc.Encode(res)
+	} else {
+		printSummary(c.App.ErrWriter, verb, res)
+	}
+	if !res.OK {
+		return fail(ExitFailed, "")
+	}
+	return nil
+}
+
+func printEvent(w io.Writer, e api.Event) {
+	note := ""
+	if e.Message != "" && e.Type != "exited" && e.Type != "failed" {
+		note = " (" + e.Message + ")"
+	}
+	switch e.Type {
+	case "started":
+		fmt.Fprintf(w, "%s[%d]: started pid %d, release %s%s\n", e.App, e.Slot, e.PID, e.Release, note)
+	case "ready":
+		fmt.Fprintf(w, "%s[%d]: pid %d ready after %d ms%s\n", e.App, e.Slot, e.PID, e.Millis, note)
+	case "draining":
+		fmt.Fprintf(w, "%s[%d]: old pid %d draining\n", e.App, e.Slot, e.PID)
+	case "exited":
+		fmt.Fprintf(w, "%s[%d]: pid %d exited after %d ms (%s)\n", e.App, e.Slot, e.PID, e.Millis, e.Message)
+	case "failed":
+		fmt.Fprintf(w, "%s[%d]: pid %d failed: %s\n", e.App, e.Slot, e.PID, e.Message)
+	default:
+		fmt.Fprintf(w, "%s: %s %s\n", e.App, e.Type, e.Message)
+	}
+}
+
+func printSummary(w io.Writer, verb string, res *api.Result) {
+	for _, a := range res.Apps {
+		d := time.Duration(a.DurationSeconds * float64(time.Second)).Round(time.Millisecond)
+		switch a.Outcome {
+		case api.OutcomeDone:
+			fmt.Fprintf(w, "%s: %s done in %s, release %s\n", a.App, verb, d, a.Release)
+		default:
+			fmt.Fprintf(w, "%s: %s %s after %s: %s\n", a.App, verb, a.Outcome, d, a.Error)
+			if a.ExitStatus != "" {
+				fmt.Fprintf(w, "  new worker: %s\n", a.ExitStatus)
+			}
+			if len(a.LastLines) > 0 {
+				fmt.Fprintln(w, "  its last output:")
+				for _, l := range a.LastLines {
+					fmt.Fprintf(w, "  | %s\n", strings.TrimRight(l, "\r"))
+				}
+			}
+		}
+	}
+}
+
+func shutdownCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "shutdown",
+		Usage: "stop every worker gracefully and stop the agent",
+		Flags: clientFlags(),
+		Action: func(c *cli.Context) error {
+			if err := client(c).Shutdown(ctx(c)); err != nil {
+				return err
+			}
+			fmt.Fprintln(c.App.ErrWriter, "agent is stopping its workers and will exit")
+			return nil
+		},
+	}
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print the CLI's version (and the running agent's, when it answers)",
+		Flags: clientFlags(jsonFlag),
+		Action: func(c *cli.Context) error {
+			out := map[string]any{"version": version.String()}
+			cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
+			defer cancel()
+			if v, err := client(c).Version(cx); err == nil {
+				out["agent_version"], out["agent_pid"] = v.Version, v.PID
+			}
+			if c.Bool("json") {
+				return json.NewEncoder(c.App.Writer).Encode(out)
+			}
+			fmt.Fprintf(c.App.Writer, "deployd %s\n", version.String())
+			if v, ok := out["agent_version"]; ok {
+				fmt.Fprintf(c.App.Writer, "agent %s (pid %v)\n", v, out["agent_pid"])
+			}
+			return nil
+		},
+	}
+}
+
+func demoWorkerCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "demo-worker",
+		Hidden: true,
+		Usage:  "the built-in hello app that `deployd demo` runs (speaks the worker contract)",
+		Action: func(c *cli.Context) error {
+			if err := demoapp.Run(c.App.Writer); err != nil {
+				return fail(ExitFailed, "%v", err)
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "status",
+		Usage:     "show apps and their workers",
+		ArgsUsage: "[APP]",
+		Description: "Shows each worker's slot, pid, state (starting, ready, draining, stopping,\n" +
+			"exited), release, uptime, restarts, CPU and memory. An errored app shows its\n" +
+			"last exit and output. --json prints the same as one JSON object.",
+		Flags: clientFlags(jsonFlag,
+			&cli.DurationFlag{Name: "watch", Usage: "refresh every `INTERVAL` (e.g. 1s) until Ctrl-C"}),
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 1 {
+				return fail(ExitUsage, "usage: deployd status [APP]")
+			}
+			cl := client(c)
+			for {
+				st, err := cl.Status(ctx(c), c.Args().First())
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					enc := json.NewEncoder(c.App.Writer)
+					enc.SetIndent("", "  ")
+					if err := enc.Encode(st); err != nil {
+						return err
+					}
+				} else {
+					if c.Duration("watch") > 0 {
+						fmt.Fprint(c.App.Writer, "\033[H\033[2J")
+					}
+					printStatus(c.App.Writer, st)
+				}
+				if c.Duration("watch") <= 0 {
+					return nil
+				}
+				select {
+				case <-ctx(c).Done():
+					return nil
+				case <-time.After(c.Duration("watch")):
+				}
+			}
+		},
+	}
+}
+
+func printStatus(out io.Writer, st *api.Status) {
+	fmt.Fprintf(out, "agent %s pid %d up %s, rss %s, socket %s\n\n", st.Agent.Version, st.Agent.PID,
+		fmtDuration(st.Agent.UptimeSeconds), fmtBytes(st.Agent.RSSBytes), st.Agent.Socket)
+	if len(st.Apps) == 0 {
+		fmt.Fprintln(out, "no apps configured")
+		return
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "APP\tSLOT\tPID\tSTATE\tRELEASE\tGEN\tUPTIME\tRESTARTS\tCPU\tRSS")
+	for _, a := range st.Apps {
+		if len(a.Workers) == 0 {
+			fmt.Fprintf(tw, "%s\t-\t-\t%s\t%s\t-\t-\t%d\t-\t-\n", a.Name, a.State, a.Release, a.Restarts)
+		}
+		for _, w := range a.Workers {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%d\t%.1f%%\t%s\n", a.Name, w.Slot, w.PID, w.State,
+				w.Release, w.Generation, fmtDuration(w.UptimeSeconds), w.Restarts, w.CPUPercent, fmtBytes(w.RSSBytes))
+		}
+	}
+	tw.Flush()
+	for _, a := range st.Apps {
+		if a.State != "running" {
+			fmt.Fprintf(out, "\n%s is %s", a.Name, a.State)
+			if a.State == "errored" {
+				fmt.Fprint(out, " (crashed too often; fix it, then `deployd restart "+a.Name+"`)")
+			}
+			fmt.Fprintln(out)
+		}
+		if a.LastExit != "" && a.State == "errored" {
+			fmt.Fprintf(out, "last exit: %s\n", a.LastExit)
+			for _, l := range a.LastLines {
+				fmt.Fprintf(out, "  | %s\n", l)
+			}
+		}
+	}
+}
+
+func fmtDuration(sec float64) string {
+	d := time.Duration(sec * float64(time.Second))
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func fmtBytes(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%dB", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%siB", float64(b)/float64(div), strings.Split("K M G T", " ")[exp])
+}

@@ -1,0 +1,199 @@
+package handoff
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Listener is a listening socket kept by the agent for its workers. The agent
+// never accepts on it; it only passes it on.
+type Listener struct {
+	Network string // tcp, tcp4, tcp6 or unix
+	Address string // as configured
+	Name    string // LISTEN_FDNAMES entry
+	// Inherited is true when the socket came from a previous agent or systemd.
+	Inherited bool
+
+	file *os.File
+	fd   uintptr
+}
+
+// Fd returns the descriptor number without touching its flags. Valid until Close.
+func (l *Listener) Fd() uintptr { return l.fd }
+
+// Key is the name under which the listener crosses an agent handoff.
+func (l *Listener) Key() string { return Key(l.Network, l.Address) }
+
+// Key is the handoff name of a listener for network and address.
+func Key(network, address string) string {
+	return "deployd-listener:" + network + ":" + address
+}
+
+// Nonblocking reports whether O_NONBLOCK is set on the shared file description.
+func (l *Listener) Nonblocking() (bool, error) {
+	flags, err := unix.FcntlInt(l.fd, unix.F_GETFL, 0)
+	if err != nil {
+		return false, fmt.Errorf("fcntl %s: %w", l.Address, err)
+	}
+	return flags&unix.O_NONBLOCK != 0, nil
+}
+
+// LocalAddr returns the bound address (useful for tests and status).
+func (l *Listener) LocalAddr() (string, error) {
+	sa, err := unix.Getsockname(int(l.fd))
+	if err != nil {
+		return "", fmt.Errorf("getsockname: %w", err)
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
+	case *unix.SockaddrInet6:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
+	case *unix.SockaddrUnix:
+		return a.Name, nil
+	}
+	return "", fmt.Errorf("getsockname: unexpected address %T", sa)
+}
+
+// Close closes the agent's copy. Workers keep theirs. Safe to call twice.
+func (l *Listener) Close() error {
+	if l.file == nil {
+		return nil
+	}
+	err := l.file.Close()
+	l.file = nil
+	return err
+}
+
+// Store keeps descriptors across an agent handoff. *tableflip.Fds implements it.
+type Store interface {
+	File(name string) (*os.File, error)
+	AddFile(name string, f *os.File) error
+}
+
+// ErrAddressInUse is returned when another process holds the address.
+var ErrAddressInUse = errors.New("handoff: address already in use")
+
+// Acquire returns the listener for network/address: the one a previous agent
+// or systemd passed on through store when there is one, else a new socket with
+// O_NONBLOCK set as asked. An inherited socket keeps its flags. The listener is
+// registered in store so that it crosses the next handoff.
+func Acquire(store Store, network, address, name string, nonblocking bool) (*Listener, error) {
+	key := Key(network, address)
+	var l *Listener
+	if store != nil {
+		f, err := store.File(key)
+		if err != nil {
+			return nil, fmt.Errorf("inherit %s %s: %w", network, address, err)
+		}
+		if f != nil {
+			l = fromFile(f, network, address, name)
+			l.Inherited = true
+		}
+	}
+	if l == nil {
+		var err error
+		if l, err = Open(network, address, name, nonblocking); err != nil {
+			return nil, err
+		}
+	}
+	if store != nil {
+		if err := store.AddFile(key, l.file); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("keep %s %s for handoff: %w", network, address, err)
+		}
+	}
+	return l, nil
+}
+
+// Adopt wraps an inherited descriptor (e.g. from systemd socket activation).
+func Adopt(f *os.File, network, address, name string) *Listener {
+	l := fromFile(f, network, address, name)
+	l.Inherited = true
+	return l
+}
+
+func fromFile(f *os.File, network, address, name string) *Listener {
+	l := &Listener{Network: network, Address: address, Name: name, file: f}
+	if raw, err := f.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) { l.fd = fd })
+	}
+	return l
+}
+
+// Open creates a listening socket. A busy address returns an error wrapping
+// ErrAddressInUse; a stale unix socket file (nobody accepting) is replaced.
+func Open(network, address, name string, nonblocking bool) (*Listener, error) {
+	if network == "unix" {
+		if err := removeStaleUnix(address); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), network, address)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("%w: %s %s is taken by another process; stop it or choose another address: %w",
+				ErrAddressInUse, network, address, err)
+		}
+		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+			return nil, fmt.Errorf("listen %s %s: permission denied; ports below 1024 need root or CAP_NET_BIND_SERVICE: %w", network, address, err)
+		}
+		return nil, fmt.Errorf("listen %s %s: %w", network, address, err)
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false) // the socket file outlives this copy
+	}
+	// Duplicate the descriptor, set the mode the workers get, and drop Go's
+	// copy: from here on nothing in the agent polls or accepts on it.
+	var dup int
+	var derr error
+	raw, err := ln.(syscall.Conn).SyscallConn()
+	if err == nil {
+		err = raw.Control(func(fd uintptr) {
+			dup, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 3)
+		})
+	}
+	ln.Close()
+	if err == nil {
+		err = derr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dup listener %s: %w", address, err)
+	}
+	if err := unix.SetNonblock(dup, nonblocking); err != nil {
+		unix.Close(dup)
+		return nil, fmt.Errorf("set O_NONBLOCK on %s: %w", address, err)
+	}
+	f := os.NewFile(uintptr(dup), Key(network, address))
+	return &Listener{Network: network, Address: address, Name: name, file: f, fd: uintptr(dup)}, nil
+}
+
+// removeStaleUnix removes a unix socket file nobody accepts on.
+func removeStaleUnix(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listen unix %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("listen unix %s: a file that is not a socket is in the way; remove it or choose another path", path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("%w: unix %s is served by another process; stop it or choose another path", ErrAddressInUse, path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	return nil
+}

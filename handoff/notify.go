@@ -1,0 +1,140 @@
+package handoff
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxNotifyMessage bounds one sd_notify datagram (systemd uses 4 KiB too).
+const MaxNotifyMessage = 4096
+
+// Notify is one parsed sd_notify message: KEY=VALUE lines.
+type Notify map[string]string
+
+// ParseNotify parses an sd_notify datagram. Lines without '=' and empty
+// keys are ignored; a later key wins. It never fails.
+func ParseNotify(b []byte) Notify {
+	n := Notify{}
+	for _, line := range bytes.Split(b, []byte{'\n'}) {
+		k, v, ok := bytes.Cut(line, []byte{'='})
+		if !ok || len(k) == 0 {
+			continue
+		}
+		n[string(k)] = string(v)
+	}
+	return n
+}
+
+// NotifySocket receives sd_notify datagrams from workers and tells who sent
+// them by the kernel's SCM_CREDENTIALS, so a message is attributed by pid,
+// whatever the message says.
+type NotifySocket struct {
+	conn *net.UnixConn
+	addr string
+}
+
+// ListenNotify opens an abstract-namespace unixgram socket for NOTIFY_SOCKET
+// (the "@" form of the sd_notify protocol: no file to clean up, no path
+// length trouble).
+func ListenNotify() (*NotifySocket, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("@deployd/%d/%s/notify", os.Getpid(), hex.EncodeToString(b[:]))
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: addr, Net: "unixgram"})
+	if err != nil {
+		return nil, fmt.Errorf("notify socket: %w", err)
+	}
+	raw, err := conn.SyscallConn()
+	if err == nil {
+		var serr error
+		err = raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+		})
+		if err == nil {
+			err = serr
+		}
+	}
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("notify socket: SO_PASSCRED: %w", err)
+	}
+	return &NotifySocket{conn: conn, addr: addr}, nil
+}
+
+// Addr is the value for NOTIFY_SOCKET.
+func (s *NotifySocket) Addr() string { return s.addr }
+
+// Serve reads datagrams until Close and calls fn with the sender's pid.
+// Datagrams without credentials are dropped. Returns nil after Close.
+func (s *NotifySocket) Serve(fn func(pid int, msg Notify)) error {
+	buf := make([]byte, MaxNotifyMessage)
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	for {
+		n, oobn, _, _, err := s.conn.ReadMsgUnix(buf, oob)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			if strings.Contains(err.Error(), "message too long") {
+				continue
+			}
+			return fmt.Errorf("notify socket: %w", err)
+		}
+		pid, ok := senderPID(oob[:oobn])
+		if !ok {
+			continue
+		}
+		fn(pid, ParseNotify(buf[:n]))
+	}
+}
+
+func senderPID(oob []byte) (int, bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0, false
+	}
+	for _, m := range msgs {
+		if cred, err := unix.ParseUnixCredentials(&m); err == nil {
+			return int(cred.Pid), true
+		}
+	}
+	return 0, false
+}
+
+// Close stops Serve. Safe to call twice.
+func (s *NotifySocket) Close() error {
+	err := s.conn.Close()
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// IPCChannel is the parent's end of a node-ipc channel; the child's end goes
+// to the worker as NODE_CHANNEL_FD (what Node's process.send writes to).
+type IPCChannel struct {
+	Parent *os.File
+	Child  *os.File
+}
+
+// NewIPCChannel returns a connected unix stream socket pair.
+func NewIPCChannel() (*IPCChannel, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("node-ipc socketpair: %w", err)
+	}
+	return &IPCChannel{
+		Parent: os.NewFile(uintptr(fds[0]), "node-ipc-parent"),
+		Child:  os.NewFile(uintptr(fds[1]), "node-ipc-child"),
+	}, nil
+}

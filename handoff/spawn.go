@@ -1,0 +1,145 @@
+package handoff
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// ShimArg is argv[1] of the re-exec shim: `deployd ShimArg -- app args...`.
+// The shim sets LISTEN_PID to its own pid and execs the app, which keeps
+// that pid: Go cannot set an environment variable between fork and exec.
+const ShimArg = "__deployd-exec"
+
+// Env names of the worker contract.
+const (
+	EnvListenFDs     = "LISTEN_FDS"
+	EnvListenPID     = "LISTEN_PID"
+	EnvListenFDNames = "LISTEN_FDNAMES"
+	EnvNotifySocket  = "NOTIFY_SOCKET"
+	EnvNodeChannelFD = "NODE_CHANNEL_FD"
+)
+
+// Proc describes a worker process to start.
+type Proc struct {
+	Shim string   // the deployd binary that runs the shim
+	Argv []string // the app; Argv[0] absolute or relative to Dir
+	Dir  string
+	Env  []string // without the LISTEN_* variables, which Start adds
+	// Stdout and Stderr are the write ends of the worker's output pipes.
+	Stdout, Stderr *os.File
+	Listeners      []*Listener // become fds 3, 4, ...
+	// Extra files follow the listeners (e.g. the node-ipc channel); their
+	// numbers are 3+len(Listeners)+i.
+	Extra      []*os.File
+	Credential *syscall.Credential
+}
+
+// Start forks the shim with the listeners as fds 3.. in a new process group.
+// The worker gets SIGKILL when the agent dies. Listener flags are untouched.
+func Start(p Proc) (*os.Process, error) {
+	if len(p.Argv) == 0 {
+		return nil, errors.New("handoff: empty command")
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	defer devnull.Close()
+
+	files := []uintptr{devnull.Fd(), p.Stdout.Fd(), p.Stderr.Fd()}
+	names := make([]string, 0, len(p.Listeners))
+	for _, l := range p.Listeners {
+		files = append(files, l.Fd())
+		names = append(names, l.Name)
+	}
+	for _, f := range p.Extra {
+		fd, err := rawFd(f)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, fd)
+	}
+	env := append(withoutContractVars(p.Env),
+		EnvListenFDs+"="+strconv.Itoa(len(p.Listeners)),
+		EnvListenFDNames+"="+strings.Join(names, ":"))
+	argv := append([]string{p.Shim, ShimArg, "--"}, p.Argv...)
+	attr := &syscall.ProcAttr{
+		Dir:   p.Dir,
+		Env:   env,
+		Files: files,
+		Sys: &syscall.SysProcAttr{
+			Setpgid:    true,
+			Pdeathsig:  syscall.SIGKILL,
+			Credential: p.Credential,
+		},
+	}
+	pid, err := syscall.ForkExec(p.Shim, argv, attr)
+	runtime.KeepAlive(p.Listeners)
+	runtime.KeepAlive(p.Extra)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", p.Argv[0], err)
+	}
+	return os.FindProcess(pid)
+}
+
+func rawFd(f *os.File) (uintptr, error) {
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("fd of %s: %w", f.Name(), err)
+	}
+	var out uintptr
+	if err := raw.Control(func(fd uintptr) { out = fd }); err != nil {
+		return 0, fmt.Errorf("fd of %s: %w", f.Name(), err)
+	}
+	return out, nil
+}
+
+func withoutContractVars(env []string) []string {
+	out := make([]string, 0, len(env)+3)
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case EnvListenFDs, EnvListenPID, EnvListenFDNames, "TABLEFLIP_HAS_PARENT_7DIU3":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// RunShim is the shim's main: args are what follows ShimArg. It only returns
+// on failure, with the exit code to use (127: not found, 126: not executable).
+func RunShim(args []string) int {
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "deployd exec: no command")
+		return 2
+	}
+	path := args[0]
+	if !strings.Contains(path, "/") {
+		lp, err := exec.LookPath(path)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "deployd exec: %s: not found in PATH\n", path)
+			return 127
+		}
+		path = lp
+	}
+	env := os.Environ()
+	if os.Getenv(EnvListenFDs) != "" {
+		env = append(env, EnvListenPID+"="+strconv.Itoa(os.Getpid()))
+	}
+	err := syscall.Exec(path, args, env)
+	fmt.Fprintf(os.Stderr, "deployd exec: %s: %v\n", path, err)
+	if errors.Is(err, syscall.ENOENT) {
+		return 127
+	}
+	return 126
+}

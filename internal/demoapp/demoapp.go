@@ -1,0 +1,62 @@
+// Package demoapp is the hello app that `deployd demo` runs: the deployd
+// binary in a hidden worker mode. It is also the smallest example of the
+// worker contract in Go: take the inherited listeners, say READY=1, drain
+// on SIGTERM.
+package demoapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/deployd/deployd/internal/version"
+)
+
+// Run serves until SIGTERM or SIGINT, then finishes in-flight requests.
+func Run(stdout io.Writer) error {
+	listeners, err := activation.Listeners()
+	if err != nil {
+		return fmt.Errorf("inherited listeners: %w", err)
+	}
+	if len(listeners) == 0 {
+		return errors.New("no inherited listener: run me through `deployd demo` (LISTEN_FDS is not set)")
+	}
+	slot, pid := os.Getenv("DEPLOYD_WORKER"), os.Getpid()
+	srv := &http.Server{
+		ReadHeaderTimeout: 10 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "hello from deployd demo worker %s (pid %d, version %s, release %s)\n",
+				slot, pid, version.String(), os.Getenv("DEPLOYD_RELEASE"))
+		}),
+	}
+	var wg sync.WaitGroup
+	for _, l := range listeners {
+		wg.Add(1)
+		go func(l net.Listener) {
+			defer wg.Done()
+			_ = srv.Serve(l)
+		}(l)
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
+	fmt.Fprintf(stdout, "demo worker %s ready, pid %d\n", slot, pid)
+	<-sigs
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Second)
+	defer cancel()
+	err = srv.Shutdown(ctx)
+	wg.Wait()
+	return err
+}

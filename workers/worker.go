@@ -1,0 +1,351 @@
+package workers
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers/logs"
+)
+
+// State of one worker process.
+type State string
+
+// Worker states, as status shows them.
+const (
+	Starting State = "starting"
+	Ready    State = "ready"
+	Draining State = "draining" // told to stop during a reload, finishing in-flight work
+	Stopping State = "stopping" // told to stop (shutdown, scale down)
+	Exited   State = "exited"
+)
+
+// tailLines is how many output lines of a worker are kept for status and errors.
+const tailLines = 20
+
+// Worker is one process of an app. Its fields after creation are read-only;
+// mu guards the mutable ones.
+type Worker struct {
+	Slot       int
+	PID        int
+	Release    string
+	Generation int
+	Started    time.Time
+
+	proc   *os.Process
+	tail   *logs.Tail
+	ready  chan struct{} // closed when ready
+	exited chan struct{} // closed after Wait and after output is drained
+
+	mu        sync.Mutex
+	state     State
+	readyAt   time.Time
+	status    string // sd_notify STATUS=
+	watchdog  time.Time
+	exitErr   error
+	exitState *os.ProcessState
+	readyOnce sync.Once
+	cpu       cpuSample
+}
+
+// Ready is closed when the worker reported ready.
+func (w *Worker) Ready() <-chan struct{} { return w.ready }
+
+// Done is closed when the process has exited and its output is drained.
+func (w *Worker) Done() <-chan struct{} { return w.exited }
+
+// State returns the current state.
+func (w *Worker) State() State {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state
+}
+
+func (w *Worker) setState(s State) {
+	w.mu.Lock()
+	if w.state != Exited {
+		w.state = s
+	}
+	w.mu.Unlock()
+}
+
+// markReady records readiness once.
+func (w *Worker) markReady() {
+	w.readyOnce.Do(func() {
+		w.mu.Lock()
+		if w.state == Starting {
+			w.state = Ready
+		}
+		w.readyAt = time.Now()
+		w.mu.Unlock()
+		close(w.ready)
+	})
+}
+
+// ReadyAfter is the time from start to ready, 0 if not ready.
+func (w *Worker) ReadyAfter() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.readyAt.IsZero() {
+		return 0
+	}
+	return w.readyAt.Sub(w.Started)
+}
+
+// ExitDescription says how the worker ended ("exit status 1", "signal: killed").
+func (w *Worker) ExitDescription() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exitState != nil {
+		return w.exitState.String()
+	}
+	if w.exitErr != nil {
+		return w.exitErr.Error()
+	}
+	return ""
+}
+
+// ExitCode is the exit code, or -1 when killed by a signal or still running.
+func (w *Worker) ExitCode() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exitState == nil {
+		return -1
+	}
+	return w.exitState.ExitCode()
+}
+
+// LastLines returns the last lines of the worker's output.
+func (w *Worker) LastLines() []string { return w.tail.Lines() }
+
+// Signal sends sig to the worker's main process.
+func (w *Worker) Signal(sig syscall.Signal) error {
+	err := w.proc.Signal(sig)
+	if errors.Is(err, os.ErrProcessDone) {
+		return nil
+	}
+	return err
+}
+
+// killGroup sends SIGKILL to the worker's whole process group.
+func (w *Worker) killGroup() {
+	_ = syscall.Kill(-w.PID, syscall.SIGKILL)
+}
+
+// Stop asks the worker to stop with sig and waits up to timeout; then the
+// process group is killed. Returns when the worker is gone. Safe to call
+// more than once and concurrently.
+func (w *Worker) Stop(sig syscall.Signal, timeout time.Duration, state State) {
+	select {
+	case <-w.exited:
+		return
+	default:
+	}
+	w.setState(state)
+	_ = w.Signal(sig)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-w.exited:
+	case <-t.C:
+		w.killGroup()
+		<-w.exited
+	}
+}
+
+// spawnArgs is what spawn needs besides the spec.
+type spawnArgs struct {
+	shim       string
+	notifyAddr string
+	out, err   *logs.Sink
+	registry   *Registry
+	app        string
+}
+
+// spawn starts a worker for slot with spec. The worker's own goroutines
+// (output readers, readiness, waiter) end when the process has exited.
+func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	env := append([]string{}, spec.Env...)
+	env = append(env,
+		"DEPLOYD_APP="+a.app,
+		"DEPLOYD_WORKER="+strconv.Itoa(slot),
+		"DEPLOYD_RELEASE="+spec.Release,
+		handoff.EnvNotifySocket+"="+a.notifyAddr,
+	)
+	var ipc *handoff.IPCChannel
+	var extra []*os.File
+	if spec.Ready.Mode == config.ReadyNodeIPC {
+		if ipc, err = handoff.NewIPCChannel(); err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return nil, err
+		}
+		extra = append(extra, ipc.Child)
+		env = append(env,
+			handoff.EnvNodeChannelFD+"="+strconv.Itoa(3+len(spec.Listeners)),
+			"NODE_CHANNEL_SERIALIZATION_MODE=json")
+	}
+	proc, err := handoff.Start(handoff.Proc{
+		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
+		Stdout: outW, Stderr: errW, Listeners: spec.Listeners, Extra: extra,
+		Credential: spec.Credential,
+	})
+	outW.Close()
+	errW.Close()
+	if ipc != nil {
+		ipc.Child.Close()
+	}
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if ipc != nil {
+			ipc.Parent.Close()
+		}
+		return nil, err
+	}
+	w := &Worker{
+		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
+		Started: time.Now(), proc: proc, tail: logs.NewTail(tailLines),
+		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting,
+	}
+	a.registry.add(w)
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go w.capture(&readers, outR, a.out, "out", a.app, spec.Ready)
+	go w.capture(&readers, errR, a.err, "err", a.app, spec.Ready)
+	if ipc != nil {
+		readers.Add(1)
+		go w.readIPC(&readers, ipc.Parent)
+	}
+	if spec.Ready.Mode == config.ReadyDelay {
+		go w.readyAfterDelay(spec.Ready.Delay)
+	}
+	go w.wait(&readers, a.registry)
+	return w, nil
+}
+
+func (w *Worker) wait(readers *sync.WaitGroup, reg *Registry) {
+	st, err := w.proc.Wait()
+	// Output pipes may be held open by children the worker left behind;
+	// they die with the group, so the readers see EOF.
+	w.killGroup()
+	readers.Wait()
+	reg.remove(w)
+	w.mu.Lock()
+	w.state = Exited
+	w.exitState, w.exitErr = st, err
+	w.mu.Unlock()
+	close(w.exited)
+}
+
+func (w *Worker) capture(wg *sync.WaitGroup, r *os.File, sink *logs.Sink, stream, app string, ready config.Ready) {
+	defer wg.Done()
+	defer r.Close()
+	matchReady := ready.Mode == config.ReadyLog && ready.Regex != nil
+	_ = logs.Capture(r, 0, func(text string) {
+		w.tail.Add(text)
+		if sink != nil {
+			sink.Write(logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text})
+		}
+		if matchReady && ready.Regex.MatchString(text) {
+			w.markReady()
+		}
+	})
+}
+
+// readIPC reads node-ipc messages (JSON lines) and treats "ready" as ready,
+// as PM2's wait_ready does.
+func (w *Worker) readIPC(wg *sync.WaitGroup, f *os.File) {
+	defer wg.Done()
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 4096), 1<<20)
+	for sc.Scan() {
+		if string(sc.Bytes()) == `"ready"` {
+			w.markReady()
+		}
+	}
+}
+
+func (w *Worker) readyAfterDelay(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		w.markReady()
+	case <-w.exited:
+	}
+}
+
+// onNotify handles an sd_notify message sent by the worker or its children.
+func (w *Worker) onNotify(msg handoff.Notify) {
+	if v, ok := msg["STATUS"]; ok {
+		w.mu.Lock()
+		w.status = v
+		w.mu.Unlock()
+	}
+	if msg["WATCHDOG"] == "1" {
+		w.mu.Lock()
+		w.watchdog = time.Now()
+		w.mu.Unlock()
+	}
+	if msg["STOPPING"] == "1" {
+		w.setState(Stopping)
+	}
+	if msg["READY"] == "1" {
+		w.markReady()
+	}
+}
+
+// waitReady waits until w is ready, exits, or timeout passes.
+func waitReady(w *Worker, timeout time.Duration, cancel <-chan struct{}) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-w.ready:
+		return nil
+	case <-w.exited:
+		return &NotReadyError{Worker: w, Exited: true}
+	case <-t.C:
+		return &NotReadyError{Worker: w, Timeout: timeout}
+	case <-cancel:
+		return ErrCanceled
+	}
+}
+
+// ErrCanceled is returned when an operation was stopped by a shutdown.
+var ErrCanceled = errors.New("workers: canceled by shutdown")
+
+// NotReadyError tells why a worker never got ready.
+type NotReadyError struct {
+	Worker  *Worker
+	Exited  bool
+	Timeout time.Duration
+}
+
+func (e *NotReadyError) Error() string {
+	w := e.Worker
+	if e.Exited {
+		return fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.Slot, w.PID, w.ExitDescription())
+	}
+	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s", w.Slot, w.PID, e.Timeout)
+}
