@@ -3,23 +3,24 @@ module github.com/deployd/deployd
 go 1.26.8
 
 require (
-	aead.dev/minisign v0.2.0 // indirect
-	github.com/BurntSushi/toml v1.6.0 // indirect
-	github.com/HdrHistogram/hdrhistogram-go v1.4.0 // indirect
-	github.com/cloudflare/tableflip v1.2.3 // indirect
-	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
+	aead.dev/minisign v0.2.0
+	github.com/BurntSushi/toml v1.6.0
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/cloudflare/tableflip v1.2.3
+	github.com/coreos/go-systemd/v22 v22.7.0
+	github.com/hashicorp/go-hclog v1.6.3
+	github.com/prometheus/procfs v0.23.0
+	github.com/urfave/cli/v2 v2.27.7
+	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1
+	go.uber.org/goleak v1.3.0
+	golang.org/x/sys v0.50.0
+)
+
+require (
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
 	github.com/fatih/color v1.13.0 // indirect
-	github.com/hashicorp/go-hclog v1.6.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/minio/selfupdate v0.6.0 // indirect
-	github.com/prometheus/procfs v0.23.0 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
-	github.com/urfave/cli/v2 v2.27.7 // indirect
-	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/crypto v0.59.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
-	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 )

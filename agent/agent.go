@@ -21,7 +21,6 @@ import (
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/version"
-	"github.com/deployd/deployd/workers"
 )
 
 // Options configure Run.
@@ -49,9 +48,6 @@ type Agent struct {
 	started time.Time
 	socket  string
 	upg     *tableflip.Upgrader
-
-	notify   *handoff.NotifySocket
-	registry *workers.Registry
 
 	mu         sync.Mutex
 	cfg        *config.Config
@@ -93,7 +89,7 @@ func Run(opts Options) error {
 
 	a := &Agent{
 		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, upg: upg,
-		registry: workers.NewRegistry(), cfg: cfg, apps: map[string]*appRT{},
+		cfg: cfg, apps: map[string]*appRT{},
 		listeners: map[string]*handoff.Listener{}, shutdown: make(chan struct{}),
 	}
 	// Signals first, so a SIGTERM during startup is not lost.
@@ -109,11 +105,6 @@ func Run(opts Options) error {
 		a.closeAll()
 		return &SetupError{err}
 	}
-	go func() {
-		if err := a.notify.Serve(a.registry.HandleNotify); err != nil {
-			a.log.Error("notify socket stopped", "error", err)
-		}
-	}()
 	srv := a.newServer()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- srv.Serve(ctl) }()
@@ -224,10 +215,6 @@ func (a *Agent) setup(cfg *config.Config) error {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	var err error
-	if a.notify, err = handoff.ListenNotify(); err != nil {
-		return err
-	}
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {
@@ -292,14 +279,12 @@ func (a *Agent) closeAll() {
 	for _, l := range a.listeners {
 		l.Close()
 	}
-	if a.notify != nil {
-		a.notify.Close()
-	}
 }
 
 // removeSocketFiles removes the app unix sockets after a real shutdown (not
 // after a handoff, where the new agent serves them).
 func (a *Agent) removeSocketFiles() {
+	_ = os.Remove(a.socket)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, l := range a.listeners {

@@ -75,8 +75,7 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 		return nil, err
 	}
 	rt.sup = workers.New(workers.Options{
-		App: app.Name, Shim: a.shim, NotifyAddr: a.notify.Addr(),
-		Out: rt.out, Err: rt.err, Registry: a.registry, Logger: a.log.Named("workers"),
+		App: app.Name, Shim: a.shim, Out: rt.out, Err: rt.err, Logger: a.log.Named("workers"),
 	}, spec)
 	return rt, nil
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -40,7 +41,7 @@ func fail(code int, format string, args ...any) error {
 // Main runs the CLI with args (os.Args) and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	err := app.Run(args)
+	err := app.Run(interspersed(app, args))
 	if err == nil {
 		return ExitOK
 	}
@@ -150,4 +151,53 @@ func init() {
 		fmt.Fprintln(c.App.Writer, "deployd", version.String())
 	}
 	_ = os.Stdout
+}
+
+// interspersed moves flags that follow positional arguments in front of
+// them, so `deployd reload web --json` works as users expect (urfave/cli v2
+// stops parsing flags at the first argument). "--" ends the flags.
+func interspersed(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	cmd := app.Command(args[1])
+	if cmd == nil {
+		return args
+	}
+	start := 2
+	for len(cmd.Subcommands) > 0 && start < len(args) {
+		sub := cmd.Command(args[start])
+		if sub == nil {
+			break
+		}
+		cmd, start = sub, start+1
+	}
+	takesValue := map[string]bool{}
+	for _, f := range cmd.Flags {
+		_, isBool := f.(*cli.BoolFlag)
+		for _, n := range f.Names() {
+			takesValue[n] = !isBool
+		}
+	}
+	var flags, pos []string
+	rest := args[start:]
+	for i := 0; i < len(rest); i++ {
+		a := rest[i]
+		if a == "--" {
+			pos = append(pos, rest[i:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if !strings.Contains(name, "=") && takesValue[name] && i+1 < len(rest) {
+			flags = append(flags, rest[i+1])
+			i++
+		}
+	}
+	out := append([]string{}, args[:start]...)
+	return append(append(out, flags...), pos...)
 }

@@ -33,9 +33,10 @@ func ParseNotify(b []byte) Notify {
 	return n
 }
 
-// NotifySocket receives sd_notify datagrams from workers and tells who sent
-// them by the kernel's SCM_CREDENTIALS, so a message is attributed by pid,
-// whatever the message says.
+// NotifySocket receives sd_notify datagrams. The agent opens one per worker,
+// so a message is attributed to the worker whose NOTIFY_SOCKET it came in on,
+// even when a short-lived child of the worker sent it; the kernel's
+// SCM_CREDENTIALS tell the sender's uid, which the agent checks.
 type NotifySocket struct {
 	conn *net.UnixConn
 	addr string
@@ -74,9 +75,11 @@ func ListenNotify() (*NotifySocket, error) {
 // Addr is the value for NOTIFY_SOCKET.
 func (s *NotifySocket) Addr() string { return s.addr }
 
-// Serve reads datagrams until Close and calls fn with the sender's pid.
-// Datagrams without credentials are dropped. Returns nil after Close.
-func (s *NotifySocket) Serve(fn func(pid int, msg Notify)) error {
+// Serve reads datagrams until Close and calls fn with the sender's pid and
+// uid, as the kernel attached them when the datagram was sent (so they are
+// right even when the sender has exited since). Datagrams without
+// credentials are dropped. Returns nil after Close.
+func (s *NotifySocket) Serve(fn func(pid, uid int, msg Notify)) error {
 	buf := make([]byte, MaxNotifyMessage)
 	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
 	for {
@@ -90,25 +93,25 @@ func (s *NotifySocket) Serve(fn func(pid int, msg Notify)) error {
 			}
 			return fmt.Errorf("notify socket: %w", err)
 		}
-		pid, ok := senderPID(oob[:oobn])
+		pid, uid, ok := sender(oob[:oobn])
 		if !ok {
 			continue
 		}
-		fn(pid, ParseNotify(buf[:n]))
+		fn(pid, uid, ParseNotify(buf[:n]))
 	}
 }
 
-func senderPID(oob []byte) (int, bool) {
+func sender(oob []byte) (pid, uid int, ok bool) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	for _, m := range msgs {
 		if cred, err := unix.ParseUnixCredentials(&m); err == nil {
-			return int(cred.Pid), true
+			return int(cred.Pid), int(cred.Uid), true
 		}
 	}
-	return 0, false
+	return 0, 0, false
 }
 
 // Close stops Serve. Safe to call twice.

@@ -59,12 +59,10 @@ var ErrBusy = errors.New("workers: another reload, restart or scale of this app 
 
 // Options are the fixed parts of a supervisor.
 type Options struct {
-	App        string
-	Shim       string // the deployd binary (LISTEN_PID shim)
-	NotifyAddr string
-	Out, Err   *logs.Sink
-	Registry   *Registry
-	Logger     hclog.Logger
+	App      string
+	Shim     string // the deployd binary (LISTEN_PID shim)
+	Out, Err *logs.Sink
+	Logger   hclog.Logger
 }
 
 // Supervisor keeps one app's workers running. mu guards the slots and state;
@@ -120,8 +118,7 @@ func (s *Supervisor) Spec() *Spec {
 
 func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
-		shim: s.opts.Shim, notifyAddr: s.opts.NotifyAddr,
-		out: s.opts.Out, err: s.opts.Err, registry: s.opts.Registry, app: s.opts.App,
+		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
 	}
 }
 

@@ -162,22 +162,26 @@ func (w *Worker) Stop(sig syscall.Signal, timeout time.Duration, state State) {
 
 // spawnArgs is what spawn needs besides the spec.
 type spawnArgs struct {
-	shim       string
-	notifyAddr string
-	out, err   *logs.Sink
-	registry   *Registry
-	app        string
+	shim     string
+	out, err *logs.Sink
+	app      string
 }
 
 // spawn starts a worker for slot with spec. The worker's own goroutines
 // (output readers, readiness, waiter) end when the process has exited.
 func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
+	notify, err := handoff.ListenNotify()
+	if err != nil {
+		return nil, err
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
+		notify.Close()
 		return nil, err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
+		notify.Close()
 		outR.Close()
 		outW.Close()
 		return nil, err
@@ -187,12 +191,13 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		"DEPLOYD_APP="+a.app,
 		"DEPLOYD_WORKER="+strconv.Itoa(slot),
 		"DEPLOYD_RELEASE="+spec.Release,
-		handoff.EnvNotifySocket+"="+a.notifyAddr,
+		handoff.EnvNotifySocket+"="+notify.Addr(),
 	)
 	var ipc *handoff.IPCChannel
 	var extra []*os.File
 	if spec.Ready.Mode == config.ReadyNodeIPC {
 		if ipc, err = handoff.NewIPCChannel(); err != nil {
+			notify.Close()
 			outR.Close()
 			outW.Close()
 			errR.Close()
@@ -215,6 +220,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		ipc.Child.Close()
 	}
 	if err != nil {
+		notify.Close()
 		outR.Close()
 		errR.Close()
 		if ipc != nil {
@@ -227,7 +233,22 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		Started: time.Now(), proc: proc, tail: logs.NewTail(tailLines),
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting,
 	}
-	a.registry.add(w)
+	uid := os.Getuid()
+	if spec.Credential != nil {
+		uid = int(spec.Credential.Uid)
+	}
+	var notifyDone sync.WaitGroup
+	notifyDone.Add(1)
+	go func() {
+		defer notifyDone.Done()
+		_ = notify.Serve(func(_, from int, msg handoff.Notify) {
+			// Only the worker's user (or root) may speak for it: the
+			// abstract socket's name is visible to every local user.
+			if from == uid || from == 0 {
+				w.onNotify(msg)
+			}
+		})
+	}()
 	var readers sync.WaitGroup
 	readers.Add(2)
 	go w.capture(&readers, outR, a.out, "out", a.app, spec.Ready)
@@ -239,20 +260,31 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if spec.Ready.Mode == config.ReadyDelay {
 		go w.readyAfterDelay(spec.Ready.Delay)
 	}
-	go w.wait(&readers, a.registry)
+	go func() {
+		w.wait(&readers)
+		notify.Close()
+		notifyDone.Wait()
+		w.finish()
+	}()
 	return w, nil
 }
 
-func (w *Worker) wait(readers *sync.WaitGroup, reg *Registry) {
+// wait reaps the process and drains its output.
+func (w *Worker) wait(readers *sync.WaitGroup) {
 	st, err := w.proc.Wait()
 	// Output pipes may be held open by children the worker left behind;
 	// they die with the group, so the readers see EOF.
 	w.killGroup()
 	readers.Wait()
-	reg.remove(w)
+	w.mu.Lock()
+	w.exitState, w.exitErr = st, err
+	w.mu.Unlock()
+}
+
+// finish marks the worker exited once nothing of it is left.
+func (w *Worker) finish() {
 	w.mu.Lock()
 	w.state = Exited
-	w.exitState, w.exitErr = st, err
 	w.mu.Unlock()
 	close(w.exited)
 }

@@ -1,7 +1,7 @@
 // Package demoapp is the hello app that `deployd demo` runs: the deployd
 // binary in a hidden worker mode. It is also the smallest example of the
 // worker contract in Go: take the inherited listeners, say READY=1, drain
-// on SIGTERM.
+// on SIGTERM (without dropping a request, see package graceful).
 package demoapp
 
 import (
@@ -9,17 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
 
+	"github.com/deployd/deployd/internal/graceful"
 	"github.com/deployd/deployd/internal/version"
 )
 
@@ -33,21 +32,14 @@ func Run(stdout io.Writer) error {
 		return errors.New("no inherited listener: run me through `deployd demo` (LISTEN_FDS is not set)")
 	}
 	slot, pid := os.Getenv("DEPLOYD_WORKER"), os.Getpid()
-	srv := &http.Server{
+	srv := graceful.New(&http.Server{
 		ReadHeaderTimeout: 10 * time.Second,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "hello from deployd demo worker %s (pid %d, version %s, release %s)\n",
 				slot, pid, version.String(), os.Getenv("DEPLOYD_RELEASE"))
 		}),
-	}
-	var wg sync.WaitGroup
-	for _, l := range listeners {
-		wg.Add(1)
-		go func(l net.Listener) {
-			defer wg.Done()
-			_ = srv.Serve(l)
-		}(l)
-	}
+	})
+	srv.Serve(listeners)
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
@@ -56,7 +48,5 @@ func Run(stdout io.Writer) error {
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Second)
 	defer cancel()
-	err = srv.Shutdown(ctx)
-	wg.Wait()
-	return err
+	return srv.Drain(ctx)
 }

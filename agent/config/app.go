@@ -1,0 +1,180 @@
+package config
+
+import (
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+var appNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+type rawApp struct {
+	Command      toml.Primitive `toml:"command"`
+	Cwd          toml.Primitive `toml:"cwd"`
+	Env          toml.Primitive `toml:"env"`
+	Instances    toml.Primitive `toml:"instances"`
+	Listen       toml.Primitive `toml:"listen"`
+	Ready        toml.Primitive `toml:"ready"`
+	ReadyTimeout toml.Primitive `toml:"ready_timeout"`
+	StopSignal   toml.Primitive `toml:"stop_signal"`
+	StopTimeout  toml.Primitive `toml:"stop_timeout"`
+	Nonblocking  toml.Primitive `toml:"nonblocking"`
+	MaxSurge     toml.Primitive `toml:"max_surge"`
+	Restart      toml.Primitive `toml:"restart"`
+	Releases     toml.Primitive `toml:"releases"`
+	KeepReleases toml.Primitive `toml:"keep_releases"`
+	MaxMemory    toml.Primitive `toml:"max_memory"`
+	CPUAffinity  toml.Primitive `toml:"cpu_affinity"`
+	User         toml.Primitive `toml:"user"`
+	Group        toml.Primitive `toml:"group"`
+	Watchdog     toml.Primitive `toml:"watchdog"`
+	Logs         toml.Primitive `toml:"logs"`
+}
+
+type rawRestart struct {
+	Backoff     toml.Primitive `toml:"backoff"`
+	MaxBackoff  toml.Primitive `toml:"max_backoff"`
+	MaxRestarts toml.Primitive `toml:"max_restarts"`
+	Window      toml.Primitive `toml:"window"`
+	StableAfter toml.Primitive `toml:"stable_after"`
+}
+
+type rawLogs struct {
+	Format   toml.Primitive `toml:"format"`
+	MaxSize  toml.Primitive `toml:"max_size"`
+	MaxFiles toml.Primitive `toml:"max_files"`
+	MaxAge   toml.Primitive `toml:"max_age"`
+	Compress toml.Primitive `toml:"compress"`
+}
+
+// defaultApp is an app with every default applied.
+func defaultApp(name, dir string, cpus int) *App {
+	return &App{
+		Name:          name,
+		Cwd:           dir,
+		Instances:     max(cpus, 1),
+		InstancesSpec: "max",
+		Ready:         Ready{Mode: ReadyNotify, Raw: string(ReadyNotify)},
+		ReadyTimeout:  30 * time.Second,
+		StopSignal:    syscall.SIGTERM,
+		StopTimeout:   30 * time.Second,
+		MaxSurge:      1,
+		KeepReleases:  5,
+		Restart: Restart{
+			Backoff:     100 * time.Millisecond,
+			MaxBackoff:  30 * time.Second,
+			MaxRestarts: 10,
+			Window:      time.Minute,
+			StableAfter: 10 * time.Second,
+		},
+		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+	}
+}
+
+// apps decodes the [apps] table; names come back sorted.
+func (d *decoder) apps(p toml.Primitive) (map[string]*App, []string) {
+	apps := map[string]*App{}
+	tables, _ := get[map[string]toml.Primitive](d, p, []string{"apps"})
+	names := make([]string, 0, len(tables))
+	for name := range tables {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	valid := names[:0]
+	for _, name := range names {
+		if app := d.app(name, tables[name]); app != nil {
+			apps[name] = app
+			valid = append(valid, name)
+		}
+	}
+	return apps, valid
+}
+
+// app decodes one [apps.NAME] table; nil when it is not a table.
+func (d *decoder) app(name string, p toml.Primitive) *App {
+	key := []string{"apps", name}
+	if !appNameRE.MatchString(name) {
+		d.fail(key, "", hint(nil, "bad app name %q; use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. [apps.web]", name))
+	}
+	raw, ok := get[rawApp](d, p, key)
+	if !ok {
+		return nil
+	}
+	k := func(name string) []string { return append(slices.Clone(key), name) }
+	a := defaultApp(name, d.dir, d.cpus)
+	d.boolean(raw.Releases, k("releases"), &a.Releases) // before command: it changes how command resolves
+	d.command(raw.Command, k("command"), a)
+	d.cwd(raw.Cwd, k("cwd"), a)
+	d.environ(raw.Env, k("env"), a)
+	d.instances(raw.Instances, k("instances"), a)
+	d.listens(raw.Listen, k("listen"), a)
+	if s, ok := get[string](d, raw.Ready, k("ready")); ok {
+		if r, err := parseReady(s); err != nil {
+			d.fail(k("ready"), strconv.Quote(s), err)
+		} else {
+			a.Ready = r
+		}
+	}
+	d.duration(raw.ReadyTimeout, k("ready_timeout"), &a.ReadyTimeout, false)
+	if s, ok := get[string](d, raw.StopSignal, k("stop_signal")); ok {
+		if sig, err := parseSignal(s); err != nil {
+			d.fail(k("stop_signal"), strconv.Quote(s), err)
+		} else {
+			a.StopSignal = sig
+		}
+	}
+	d.duration(raw.StopTimeout, k("stop_timeout"), &a.StopTimeout, false)
+	d.boolean(raw.Nonblocking, k("nonblocking"), &a.Nonblocking)
+	d.integer(raw.MaxSurge, k("max_surge"), &a.MaxSurge, 1)
+	d.integer(raw.KeepReleases, k("keep_releases"), &a.KeepReleases, 2)
+	d.size(raw.MaxMemory, k("max_memory"), &a.MaxMemory, true)
+	d.boolean(raw.CPUAffinity, k("cpu_affinity"), &a.CPUAffinity)
+	a.User = d.account(raw.User, k("user"), false)
+	a.Group = d.account(raw.Group, k("group"), true)
+	d.duration(raw.Watchdog, k("watchdog"), &a.Watchdog, true)
+	d.restart(raw.Restart, k("restart"), &a.Restart)
+	d.logs(raw.Logs, k("logs"), &a.Logs)
+	return a
+}
+
+func (d *decoder) restart(p toml.Primitive, key []string, r *Restart) {
+	raw, ok := get[rawRestart](d, p, key)
+	if !ok {
+		return
+	}
+	k := func(name string) []string { return append(slices.Clone(key), name) }
+	d.duration(raw.Backoff, k("backoff"), &r.Backoff, false)
+	d.duration(raw.MaxBackoff, k("max_backoff"), &r.MaxBackoff, false)
+	d.integer(raw.MaxRestarts, k("max_restarts"), &r.MaxRestarts, 0)
+	d.duration(raw.Window, k("window"), &r.Window, false)
+	d.duration(raw.StableAfter, k("stable_after"), &r.StableAfter, false)
+	if r.MaxBackoff < r.Backoff {
+		d.fail(k("max_backoff"), strconv.Quote(r.MaxBackoff.String()),
+			hint(nil, "must be at least backoff (%s); raise max_backoff or lower backoff", r.Backoff))
+	}
+}
+
+func (d *decoder) logs(p toml.Primitive, key []string, l *Logs) {
+	raw, ok := get[rawLogs](d, p, key)
+	if !ok {
+		return
+	}
+	k := func(name string) []string { return append(slices.Clone(key), name) }
+	if f, ok := get[string](d, raw.Format, k("format")); ok {
+		switch f {
+		case "text", "raw", "json":
+			l.Format = f
+		default:
+			d.fail(k("format"), strconv.Quote(f), hint(nil, `unknown log format; use "text", "raw" or "json"`))
+		}
+	}
+	d.size(raw.MaxSize, k("max_size"), &l.MaxSize, false)
+	d.integer(raw.MaxFiles, k("max_files"), &l.MaxFiles, 1)
+	d.duration(raw.MaxAge, k("max_age"), &l.MaxAge, true)
+	d.boolean(raw.Compress, k("compress"), &l.Compress)
+}

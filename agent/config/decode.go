@@ -1,0 +1,267 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/xrash/smetrics"
+)
+
+// decoder turns the parsed TOML of one file into a Config, collecting every
+// problem. Owned by one Parse call.
+type decoder struct {
+	md  *toml.MetaData
+	ps  *problems
+	env hostEnv
+	dir string // the config file's folder: relative paths resolve against it
+	// cpus is env.cpus(), read once per Parse.
+	cpus int
+	// failed holds keys whose value could not be decoded; keys below them
+	// are not reported again as unknown.
+	failed map[string]bool
+	// sockets are the addresses seen so far, for the duplicate check.
+	sockets []socketSite
+}
+
+// fail records err (its text says what is wrong and how to fix it).
+func (d *decoder) fail(key []string, value string, err error) {
+	d.ps.add(key, value, err.Error(), errors.Unwrap(err))
+}
+
+// get decodes the value at key into a T. It returns false when the key is
+// not in the file or has the wrong type (a problem is recorded then).
+func get[T any](d *decoder, p toml.Primitive, key []string) (T, bool) {
+	var v T
+	if !d.md.IsDefined(key...) {
+		return v, false
+	}
+	err := d.md.PrimitiveDecode(p, &v)
+	if _, isMap := any(v).(map[string]toml.Primitive); isMap && err == nil {
+		// The library decodes a non-table into a map as an empty map, without
+		// an error; implicit tables ([apps.web] creates apps) have no type.
+		if t := d.md.Type(key...); t != "" && t != "Hash" {
+			err = fmt.Errorf("toml: %s is a %s, not a table", keyString(key), t)
+		}
+	}
+	if err != nil {
+		d.typeProblem(key, p, want(v), err)
+		return v, false
+	}
+	return v, true
+}
+
+// typeProblem reports a value of the wrong TOML type; err is the TOML
+// library's decode error.
+func (d *decoder) typeProblem(key []string, p toml.Primitive, want string, err error) {
+	d.failed[keyString(key)] = true
+	var raw any
+	_ = d.md.PrimitiveDecode(p, &raw) // into any: cannot fail
+	msg := fmt.Sprintf("wrong type: found %s, want %s", tomlTypeName(d.md.Type(key...)), want)
+	if ex := example(key); ex != "" {
+		msg += "; write it like " + ex
+	}
+	d.ps.add(key, formatValue(raw), msg, err)
+}
+
+// want describes the TOML type that decodes into v's type.
+func want(v any) string {
+	switch v.(type) {
+	case string:
+		return "a string"
+	case []string:
+		return "an array of strings"
+	case bool:
+		return "true or false"
+	case int64:
+		return "an integer"
+	default:
+		return "a table"
+	}
+}
+
+func tomlTypeName(t string) string {
+	switch t {
+	case "String":
+		return "a string"
+	case "Integer":
+		return "an integer"
+	case "Float":
+		return "a float"
+	case "Bool":
+		return "a boolean"
+	case "Array":
+		return "an array"
+	case "Hash":
+		return "a table"
+	case "ArrayHash":
+		return "an array of tables"
+	case "":
+		return "a value"
+	default:
+		return "a " + strings.ToLower(t)
+	}
+}
+
+// formatValue writes a decoded TOML value back roughly as TOML, shortened.
+func formatValue(v any) string {
+	var s string
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case string:
+		s = strconv.Quote(v)
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			parts[i] = formatValue(e)
+		}
+		s = "[" + strings.Join(parts, ", ") + "]"
+	case []map[string]any:
+		s = "[{...}]"
+	case map[string]any:
+		s = "{...}"
+	case time.Time:
+		s = v.Format(time.RFC3339)
+	default:
+		s = fmt.Sprint(v)
+	}
+	if len(s) > 80 {
+		s = s[:77] + "..."
+	}
+	return s
+}
+
+// The keys of each table, in the order the docs list them.
+var (
+	topKeys     = []string{"agent", "apps"}
+	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key"}
+	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "watchdog", "logs"}
+	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
+	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress"}
+)
+
+// examples of a value for each leaf key, for fix hints.
+var examples = map[string]string{
+	"socket": `"/run/deployd/deployd.sock"`, "socket_group": `"deploy"`,
+	"state_dir": `"/var/lib/deployd"`, "log_dir": `"/var/log/deployd"`,
+	"upgrade_timeout": `"1m"`, "pid_file": `"/run/deployd.pid"`,
+	"metrics": `"127.0.0.1:9901"`, "upgrade_public_key": `"RWQ..." (the second line of a minisign .pub file)`,
+	"command": `["./server", "-v"]`, "cwd": `"/srv/web"`, "env": `{ MODE = "prod" }`,
+	"instances": `"max"`, "listen": `["tcp://0.0.0.0:8080"]`, "ready": `"notify"`,
+	"ready_timeout": `"30s"`, "stop_signal": `"SIGTERM"`, "stop_timeout": `"30s"`,
+	"nonblocking": `false`, "max_surge": `1`, "releases": `true`, "keep_releases": `5`,
+	"max_memory": `"512MiB"`, "cpu_affinity": `true`, "user": `"www-data"`,
+	"group": `"www-data"`, "watchdog": `"10s"`,
+	"backoff": `"100ms"`, "max_backoff": `"30s"`, "max_restarts": `10`,
+	"window": `"1m"`, "stable_after": `"10s"`,
+	"format": `"text"`, "max_size": `"100MiB"`, "max_files": `10`, "max_age": `"168h"`,
+	"compress": `true`,
+}
+
+// example returns a fix hint showing key written correctly, or "".
+func example(key []string) string {
+	if len(key) == 1 && key[0] == "apps" {
+		return "[apps.NAME] tables, e.g. [apps.web]"
+	}
+	if _, ok := knownKeys(key); ok {
+		return "[" + keyString(key) + "]"
+	}
+	last := key[len(key)-1]
+	if len(key) == 4 && key[0] == "apps" && key[2] == "env" {
+		return keyString([]string{last}) + ` = "value"`
+	}
+	if ex, ok := examples[last]; ok && len(key) >= 2 {
+		return last + " = " + ex
+	}
+	return ""
+}
+
+// knownKeys returns the keys allowed in the table at key, and false when
+// any key is allowed there (or key is not a table we check).
+func knownKeys(table []string) ([]string, bool) {
+	switch {
+	case len(table) == 0:
+		return topKeys, true
+	case len(table) == 1 && table[0] == "agent":
+		return agentKeys, true
+	case len(table) == 2 && table[0] == "apps":
+		return appKeys, true
+	case len(table) == 3 && table[0] == "apps" && table[2] == "restart":
+		return restartKeys, true
+	case len(table) == 3 && table[0] == "apps" && table[2] == "logs":
+		return logsKeys, true
+	}
+	return nil, false
+}
+
+// unknownKeys reports the keys no field took: MetaData.Undecoded, plus
+// keys the TOML library matched to a field only case-insensitively.
+func (d *decoder) unknownKeys() {
+	undecoded := map[string]bool{}
+	for _, k := range d.md.Undecoded() {
+		undecoded[k.String()] = true
+	}
+	reported := map[string]bool{}
+	for _, k := range d.md.Keys() {
+		if d.underAny(k, reported) || d.underAny(k, d.failed) {
+			continue
+		}
+		known, checked := knownKeys(k[:len(k)-1])
+		if undecoded[k.String()] || checked && !slices.Contains(known, k[len(k)-1]) {
+			reported[k.String()] = true
+			d.ps.addf(k, "", "unknown key; %s", suggest(k[len(k)-1], known))
+		}
+	}
+}
+
+// underAny reports whether a proper parent of k is in set.
+func (d *decoder) underAny(k toml.Key, set map[string]bool) bool {
+	for n := 1; n < len(k); n++ {
+		if set[k[:n].String()] {
+			return true
+		}
+	}
+	return false
+}
+
+// suggest returns `did you mean "x"? (known keys: ...)` or a plainer hint.
+func suggest(got string, known []string) string {
+	if len(known) == 0 {
+		return "remove it"
+	}
+	list := "(known keys: " + strings.Join(known, ", ") + ")"
+	if best := closest(got, known); best != "" {
+		return fmt.Sprintf("did you mean %q? %s", best, list)
+	}
+	return "remove it or use one of the known keys " + list
+}
+
+// closest returns the known key nearest to got by edit distance, if near.
+func closest(got string, known []string) string {
+	type cand struct {
+		key  string
+		dist int
+	}
+	var cands []cand
+	g := strings.ToLower(got)
+	for _, k := range known {
+		dist := editDistance(g, k)
+		near := dist <= max(2, len(k)/3)
+		if near || len(g) >= 4 && (strings.Contains(k, g) || strings.Contains(g, k)) {
+			cands = append(cands, cand{k, dist})
+		}
+	}
+	if len(cands) == 0 {
+		return ""
+	}
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].dist < cands[j].dist })
+	return cands[0].key
+}
+
+func editDistance(a, b string) int { return smetrics.WagnerFischer(a, b, 1, 1, 1) }

@@ -1,0 +1,125 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultPath is the config file used when neither -c nor $DEPLOYD_CONFIG
+// names one.
+const DefaultPath = "./deployd.toml"
+
+// Find returns the config path to use: the -c flag value, else
+// $DEPLOYD_CONFIG, else DefaultPath; as given, not made absolute.
+func Find(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if env := os.Getenv("DEPLOYD_CONFIG"); env != "" {
+		return env
+	}
+	return DefaultPath
+}
+
+// Load reads, parses and validates the config file at path. On failure the
+// error is an *Error listing every problem found.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		msg := fmt.Sprintf("read config file %s: %v; check the path and its permissions", path, err)
+		if errors.Is(err, fs.ErrNotExist) {
+			msg = fmt.Sprintf("config file %s not found; pass -c FILE or set DEPLOYD_CONFIG", path)
+		}
+		return nil, &Error{Problems: []Problem{{File: path, Msg: msg, Err: err}}}
+	}
+	return Parse(path, data)
+}
+
+// Parse parses and validates a config file's contents. path names the file
+// in messages, and relative paths in it resolve against its folder. On
+// failure the error is an *Error listing every problem found.
+func Parse(path string, data []byte) (*Config, error) {
+	return parse(path, data, currentEnv())
+}
+
+// App returns the app named name.
+func (c *Config) App(name string) (*App, bool) {
+	app, ok := c.Apps[name]
+	return app, ok
+}
+
+type rawFile struct {
+	Agent toml.Primitive `toml:"agent"`
+	Apps  toml.Primitive `toml:"apps"`
+}
+
+func parse(path string, data []byte, env hostEnv) (*Config, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil || path == "" {
+		abs = filepath.Join(".", DefaultPath)
+		if wd, err := os.Getwd(); err == nil {
+			abs = filepath.Join(wd, DefaultPath)
+		}
+	}
+	name := path
+	if name == "" {
+		name = DefaultPath
+	}
+	ps := &problems{file: name, lines: scanKeyLines(data)}
+	var raw rawFile
+	md, err := toml.Decode(string(data), &raw)
+	if err != nil {
+		ps.syntax(err, data)
+		return nil, ps.err()
+	}
+	d := &decoder{
+		md: &md, ps: ps, env: env, dir: filepath.Dir(abs),
+		cpus: env.cpus(), failed: map[string]bool{},
+	}
+	c := &Config{Path: abs}
+	c.Agent = d.agent(raw.Agent)
+	c.Apps, c.AppNames = d.apps(raw.Apps)
+	d.unknownKeys()
+	if err := ps.err(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// syntax records a TOML syntax error with its line, column and the
+// offending line underlined.
+func (ps *problems) syntax(err error, data []byte) {
+	var pe toml.ParseError
+	if !errors.As(err, &pe) {
+		ps.list = append(ps.list, Problem{File: ps.file, Msg: fmt.Sprintf("%s: %v; fix the TOML syntax", ps.file, err), Err: err})
+		return
+	}
+	msg := "syntax error: " + pe.Message
+	if pe.LastKey != "" {
+		msg += " (after key " + pe.LastKey + ")"
+	}
+	msg += "; fix the TOML here (strings need quotes, tables are [name], one key = value per line)"
+	msg += showLine(data, pe.Position)
+	ps.list = append(ps.list, Problem{
+		File: ps.file, Line: pe.Position.Line, Col: pe.Position.Col, Msg: msg, Err: err,
+	})
+}
+
+// showLine returns "\n  LINE | text\n         ^^^" for pos, or "".
+func showLine(data []byte, pos toml.Position) string {
+	lines := strings.Split(string(data), "\n")
+	if pos.Line < 1 || pos.Line > len(lines) {
+		return ""
+	}
+	text := strings.ReplaceAll(strings.TrimRight(lines[pos.Line-1], "\r"), "\t", " ")
+	col := min(max(pos.Col, 1), len(text)+1)
+	width := min(max(pos.Len, 1), max(len(text)-col+1, 1))
+	gutter := fmt.Sprintf("%5d | ", pos.Line)
+	return "\n" + gutter + text + "\n" + strings.Repeat(" ", len(gutter)+col-1) + strings.Repeat("^", width)
+}

@@ -1,0 +1,335 @@
+// Package integration holds the end-to-end tests of deployd: they build the
+// real deployd binary and a real test app, run the agent with real sockets,
+// signals and processes, and put a bounded load on loopback ports. This file
+// is the harness the tests and the benchmark command share.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// Binaries are the programs a test run builds once.
+type Binaries struct {
+	Dir     string
+	Deployd string // reports version "test-1"
+	TestApp string
+}
+
+// RepoRoot is the module root (the folder holding go.mod).
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+// Build compiles deployd (with the given version string) into dir/name.
+func Build(dir, name, pkg, ver string) (string, error) {
+	out := filepath.Join(dir, name)
+	args := []string{"build", "-o", out}
+	if ver != "" {
+		args = append(args, "-ldflags", "-X github.com/deployd/deployd/internal/version.Version="+ver)
+	}
+	cmd := exec.Command("go", append(args, pkg)...)
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out, nil
+}
+
+// BuildAll builds deployd and the test app into a new folder readable by
+// every user (tests run the CLI as nobody too).
+func BuildAll() (*Binaries, error) {
+	dir, err := os.MkdirTemp("", "deployd-it-bin-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	b := &Binaries{Dir: dir}
+	var wg sync.WaitGroup
+	var e1, e2 error
+	wg.Add(2)
+	go func() { defer wg.Done(); b.Deployd, e1 = Build(dir, "deployd", "./cmd/deployd", "test-1") }()
+	go func() { defer wg.Done(); b.TestApp, e2 = Build(dir, "testapp", "./integration/testapp", "") }()
+	wg.Wait()
+	if err := errors.Join(e1, e2); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return b, nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Agent is a deployd agent process started by a test.
+type Agent struct {
+	t      testing.TB
+	bins   *Binaries
+	Dir    string // holds deployd.toml, state/, logs/, the socket
+	Config string
+	Socket string
+	Client *api.Client
+	cmd    *exec.Cmd
+	log    *syncBuffer
+	done   chan struct{}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// NewAgentDir prepares a folder with config body (the [agent] table is
+// added) without starting anything. %SOCKET% and %DIR% are replaced.
+func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "deployd-it-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	a := &Agent{t: t, bins: bins, Dir: dir, Config: filepath.Join(dir, "deployd.toml"),
+		Socket: filepath.Join(dir, "deployd.sock"), log: &syncBuffer{}}
+	a.Client = api.NewClient(a.Socket)
+	a.WriteConfig(body)
+	return a
+}
+
+// WriteConfig replaces the config file (for a reload).
+func (a *Agent) WriteConfig(body string) {
+	a.t.Helper()
+	head := fmt.Sprintf("[agent]\nsocket = %q\nstate_dir = \"state\"\nlog_dir = \"logs\"\n\n", a.Socket)
+	body = strings.NewReplacer("%SOCKET%", a.Socket, "%DIR%", a.Dir, "%TESTAPP%", a.bins.TestApp).Replace(body)
+	if err := os.WriteFile(a.Config, []byte(head+body), 0o644); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+// StartAgent starts `deployd agent` on body and waits until its socket answers.
+func StartAgent(t testing.TB, bins *Binaries, body string) *Agent {
+	t.Helper()
+	a := NewAgentDir(t, bins, body)
+	a.Start()
+	return a
+}
+
+// Start starts the agent process and waits until it answers. The agent is
+// stopped (SIGTERM, then SIGKILL) when the test ends.
+func (a *Agent) Start() {
+	a.t.Helper()
+	a.cmd = exec.Command(a.bins.Deployd, "agent", "-c", a.Config, "--log-level", "debug")
+	a.cmd.Dir = a.Dir
+	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
+	a.cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=")
+	// The agent dies with the test process; its workers die with it.
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		a.t.Fatal(err)
+	}
+	a.done = make(chan struct{})
+	go func() { a.cmd.Wait(); close(a.done) }()
+	a.t.Cleanup(a.Stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		if _, err := a.Client.Version(ctx); err == nil {
+			break
+		}
+		select {
+		case <-a.done:
+			a.t.Fatalf("agent exited during start: %v\n%s", a.cmd.ProcessState, a.log.String())
+		case <-ctx.Done():
+			a.t.Fatalf("agent did not answer within 60s\n%s", a.log.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// PID is the agent's pid.
+func (a *Agent) PID() int { return a.cmd.Process.Pid }
+
+// Done is closed when the agent process has exited.
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// ExitCode is the agent's exit code once Done.
+func (a *Agent) ExitCode() int { return a.cmd.ProcessState.ExitCode() }
+
+// Log is what the agent printed so far.
+func (a *Agent) Log() string { return a.log.String() }
+
+// Signal sends sig to the agent.
+func (a *Agent) Signal(sig syscall.Signal) {
+	_ = a.cmd.Process.Signal(sig)
+}
+
+// Stop sends SIGTERM and waits up to 30 s, then kills the agent's group.
+// Safe to call twice.
+func (a *Agent) Stop() {
+	if a.cmd == nil || a.done == nil {
+		return
+	}
+	select {
+	case <-a.done:
+		return
+	default:
+	}
+	a.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
+		<-a.done
+		a.t.Errorf("agent did not stop within 30s of SIGTERM\n%s", a.log.String())
+	}
+}
+
+// Status returns the agent's status.
+func (a *Agent) Status() *api.Status {
+	a.t.Helper()
+	st, err := a.Client.Status(context.Background(), "")
+	if err != nil {
+		a.t.Fatalf("status: %v\n%s", err, a.log.String())
+	}
+	return st
+}
+
+// App returns one app's status.
+func (a *Agent) App(name string) api.App {
+	a.t.Helper()
+	for _, app := range a.Status().Apps {
+		if app.Name == name {
+			return app
+		}
+	}
+	a.t.Fatalf("app %s not in status", name)
+	return api.App{}
+}
+
+// WaitFor polls status until cond holds or timeout passes (then fails).
+func (a *Agent) WaitFor(what string, timeout time.Duration, cond func(*api.Status) bool) *api.Status {
+	a.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st := a.Status()
+		if cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			a.t.Fatalf("timed out after %s waiting for %s; last status: %+v\nagent log:\n%s", timeout, what, st, a.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// AllReady reports whether app has n workers, all ready, none extra.
+func AllReady(st *api.Status, app string, n int) bool {
+	for _, ap := range st.Apps {
+		if ap.Name != app {
+			continue
+		}
+		if len(ap.Workers) != n {
+			return false
+		}
+		for _, w := range ap.Workers {
+			if w.State != "ready" {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// Result of a CLI run.
+type Result struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// CLI runs the deployd CLI against this agent.
+func (a *Agent) CLI(args ...string) Result {
+	a.t.Helper()
+	return a.CLIAs(nil, args...)
+}
+
+// CLIAs runs the CLI with credentials cred (nil: the test's own).
+func (a *Agent) CLIAs(cred *syscall.Credential, args ...string) Result {
+	a.t.Helper()
+	cmd := exec.Command(a.bins.Deployd, args...)
+	cmd.Dir = a.Dir
+	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	err := cmd.Run()
+	r := Result{Stdout: out.String(), Stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		r.Code = ee.ExitCode()
+	default:
+		a.t.Fatalf("run deployd %v: %v", args, err)
+	}
+	return r
+}
+
+// PIDs returns the pids of app's workers, by slot.
+func PIDs(app api.App) map[int]int {
+	m := map[int]int{}
+	for _, w := range app.Workers {
+		m[w.Slot] = w.PID
+	}
+	return m
+}
+
+// Alive reports whether pid exists (and is not a zombie).
+func Alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesized command name.
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}

@@ -1,0 +1,135 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// maxBody bounds how much of a response body is read and checked.
+const maxBody = 1 << 20
+
+// client sends one request at a time over its own transport, so with KeepAlive each
+// client holds exactly one connection. Owned by the goroutine running run.
+type client struct {
+	o    Options
+	http *http.Client
+	rec  *recorder
+}
+
+func newClient(o Options, rec *recorder) *client {
+	dialer := &net.Dialer{Timeout: o.Timeout, Control: dialLoopbackOnly}
+	tr := &http.Transport{
+		Proxy:               nil, // never a proxy from the environment
+		DialContext:         dialer.DialContext,
+		DisableKeepAlives:   !o.KeepAlive,
+		MaxIdleConns:        1,
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true, // Check sees the body as the server sent it
+	}
+	return &client{
+		o:   o,
+		rec: rec,
+		http: &http.Client{
+			Transport: tr,
+			// A redirect is a response to check, not something to follow.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+	}
+}
+
+// dialLoopbackOnly is the dialer's last check, on the resolved address.
+func dialLoopbackOnly(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil || !isLoopbackIP(host) {
+		return fmt.Errorf("%w: dial %s", ErrNotLoopback, address)
+	}
+	return nil
+}
+
+func (c *client) run(ctx context.Context, b *bounds) {
+	defer c.http.CloseIdleConnections()
+	for b.next(ctx) {
+		c.rec.record(c.do(ctx))
+	}
+}
+
+// sample is the outcome of one request.
+type sample struct {
+	aborted     bool // ended by ctx: not counted
+	gotResponse bool // latency is valid
+	latency     time.Duration
+	version     string
+	err         error // nil: the response passed Check
+	connect     bool  // err is a connect error
+}
+
+func (c *client) do(ctx context.Context) sample {
+	rctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	defer cancel()
+	// Trace callbacks may run on the transport's goroutines.
+	var fresh, firstByte atomic.Bool
+	trace := &httptrace.ClientTrace{
+		GotConn:              func(i httptrace.GotConnInfo) { fresh.Store(!i.Reused) },
+		GotFirstResponseByte: func() { firstByte.Store(true) },
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(rctx, trace), http.MethodGet, c.o.URL, nil)
+	if err != nil {
+		return sample{err: err}
+	}
+	t0 := time.Now()
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return sample{aborted: true}
+		}
+		return sample{err: err, connect: isConnectError(err, fresh.Load(), firstByte.Load())}
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	resp.Body.Close()
+	s := sample{gotResponse: true, latency: time.Since(t0), version: versionOf(body)}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return sample{aborted: true}
+	case err != nil:
+		s.err = fmt.Errorf("read body: %w", err)
+	default:
+		s.err = c.o.Check(resp.StatusCode, body)
+	}
+	return s
+}
+
+// isConnectError tells a connection refused or reset before the server answered: a
+// refused or reset dial, or a reset of a new connection before any response byte — what
+// a client sees when its connection was still in the accept queue of a listener that got
+// closed. Other dial errors (a timeout, no local port left) are plain failures.
+func isConnectError(err error, fresh, firstByte bool) bool {
+	refusedOrReset := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return refusedOrReset
+	}
+	return fresh && !firstByte && errors.Is(err, syscall.ECONNRESET)
+}
+
+// versionOf returns X from a body starting with "version=X" followed by a space or the
+// end of a line, or "".
+func versionOf(body []byte) string {
+	rest, ok := bytes.CutPrefix(body, []byte("version="))
+	if !ok {
+		return ""
+	}
+	if i := bytes.IndexAny(rest, " \r\n"); i >= 0 {
+		rest = rest[:i]
+	}
+	return string(rest)
+}

@@ -1,0 +1,129 @@
+package integration
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/integration/loadgen"
+)
+
+// bins are built once for the whole test binary.
+var bins *Binaries
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("integration: skipped in -short mode")
+		os.Exit(0)
+	}
+	var err error
+	bins, err = BuildAll()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration: build:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(bins.Dir)
+	os.Exit(code)
+}
+
+// appConfig is an [apps.web] table running the test app.
+func appConfig(name string, port, instances int, extra string) string {
+	if !strings.Contains(extra, "ready_timeout") {
+		extra = "ready_timeout = \"10s\"\n" + extra
+	}
+	return fmt.Sprintf(`[apps.%s]
+command = ["%%TESTAPP%%"]
+instances = %d
+listen = ["tcp://127.0.0.1:%d"]
+stop_timeout = "10s"
+%s
+`, name, instances, port, extra)
+}
+
+// get fetches http://127.0.0.1:port/path and returns the body.
+func get(t *testing.T, port int, path string) (string, error) {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return string(b), fmt.Errorf("status %s", resp.Status)
+	}
+	return string(b), err
+}
+
+// identities fetches / until every pid in want answered (or 2000 requests),
+// returning pid -> version as the workers report them.
+func identities(t *testing.T, port int, want map[int]int) map[int]string {
+	t.Helper()
+	seen := map[int]string{}
+	for i := 0; i < 2000 && len(seen) < len(want); i++ {
+		body, err := get(t, port, "/")
+		if err != nil {
+			t.Fatalf("GET /: %v", err)
+		}
+		var ver string
+		var pid, slot int
+		if _, err := fmt.Sscanf(body, "version=%s pid=%d slot=%d", &ver, &pid, &slot); err != nil {
+			t.Fatalf("unexpected body %q: %v", body, err)
+		}
+		seen[pid] = ver
+	}
+	return seen
+}
+
+// startLoad starts the two loads the reload tests use: keep-alive clients
+// and one-connection-per-request clients.
+func startLoad(t *testing.T, port, clients int, d time.Duration) (stop func() (loadgen.Result, loadgen.Result)) {
+	t.Helper()
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	ka, err := loadgen.Start(context.Background(), loadgen.Options{URL: url, Clients: clients, KeepAlive: true,
+		MaxRequests: 5_000_000, MaxDuration: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nka, err := loadgen.Start(context.Background(), loadgen.Options{URL: url, Clients: clients, KeepAlive: false,
+		MaxRequests: 5_000_000, MaxDuration: d})
+	if err != nil {
+		ka.Stop()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ka.Stop(); nka.Stop() })
+	return func() (loadgen.Result, loadgen.Result) { return ka.Stop(), nka.Stop() }
+}
+
+// requireNoFailures fails the test if a load saw any failed request.
+func requireNoFailures(t *testing.T, what string, rs ...loadgen.Result) {
+	t.Helper()
+	for _, r := range rs {
+		t.Logf("%s: %s", what, r)
+		if r.Requests == 0 {
+			t.Errorf("%s: the load sent no request", what)
+		}
+		if r.Failures != 0 {
+			t.Errorf("%s: %d failed requests: %s", what, r.Failures, strings.Join(r.Errors, "; "))
+		}
+	}
+}
+
+func appOf(st *api.Status, name string) api.App {
+	for _, a := range st.Apps {
+		if a.Name == name {
+			return a
+		}
+	}
+	return api.App{}
+}

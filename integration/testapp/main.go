@@ -1,0 +1,180 @@
+// Command testapp is the HTTP app that deployd's integration tests and benchmarks run as a
+// worker. It speaks the worker contract (DESIGN.md, "The worker contract") through the
+// libraries a real Go app would use, and its flags make it misbehave on purpose.
+//
+// Adopting the contract in a Go app takes three steps, each marked "contract:" below:
+// take the listeners from activation.Listeners, signal readiness once serving, and on
+// SIGTERM stop accepting and let in-flight requests finish (graceful.Server.Drain; plain
+// http.Server.Shutdown drops a request that arrives on a connection accepted just before
+// the shutdown, see internal/graceful).
+//
+// Exit codes: 0 after a graceful stop, 1 on a crash or failure, 2 on bad flags, 3 when it
+// was given no listener, or the -exit-before-ready code.
+package main
+
+import (
+	"github.com/deployd/deployd/internal/graceful"
+
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+)
+
+const (
+	exitFailure    = 1
+	exitUsage      = 2
+	exitNoListener = 3
+
+	// shutdownTimeout bounds the drain after SIGTERM; deployd's stop_timeout is the
+	// outer bound (SIGKILL to the process group).
+	shutdownTimeout = 30 * time.Second
+)
+
+func main() {
+	if os.Getenv(roleEnv) == roleNotifyChild {
+		os.Exit(runNotifyChild())
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+// run is the whole life of the app; it returns the exit code.
+func run(args []string) int {
+	cfg, err := parseConfig(args, os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		warnf("%v", err)
+		return exitUsage
+	}
+	// Subscribe before anything else so a SIGTERM during startup is not fatal.
+	stop := watchSignals(cfg.ignoreSIGTERM)
+
+	listeners, err := takeListeners(cfg.listen)
+	if err != nil {
+		warnf("%v", err)
+		return exitNoListener
+	}
+	a := newApp(cfg)
+	a.out.printf("started version=%s pid=%d slot=%s addr=%s\n", cfg.version, a.pid, a.slot, addrs(listeners))
+
+	select {
+	case <-time.After(cfg.startupDelay):
+	case <-stop:
+		warnf("stopped during startup")
+		return 0
+	}
+	if cfg.exitBeforeReady >= 0 {
+		warnf("exiting with %d before ready (-exit-before-ready)", cfg.exitBeforeReady)
+		return cfg.exitBeforeReady
+	}
+
+	srv := graceful.New(&http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second})
+	srv.Serve(listeners)
+
+	if cfg.neverReady {
+		warnf("serving but never signalling readiness (-never-ready)")
+	} else {
+		a.signalReady()
+	}
+	if cfg.crashAfter > 0 {
+		time.AfterFunc(cfg.crashAfter, func() {
+			warnf("crashing %v after ready (-crash-after)", cfg.crashAfter)
+			os.Exit(exitFailure)
+		})
+	}
+	a.writeLines("line", cfg.logSpam, stop)
+
+	<-stop
+	return a.shutdown(srv)
+}
+
+// takeListeners returns the listeners passed by socket activation or, when none were
+// passed, one listening on addr.
+func takeListeners(addr string) ([]net.Listener, error) {
+	fds, pid := os.Getenv("LISTEN_FDS"), os.Getenv("LISTEN_PID")
+	// contract: fds 3..3+LISTEN_FDS-1, valid only if LISTEN_PID is our own pid.
+	// Listeners unsets LISTEN_* so children of this process do not take them too.
+	inherited, err := activation.Listeners()
+	if err != nil {
+		return nil, fmt.Errorf("socket activation: %w", err)
+	}
+	var ls []net.Listener
+	for _, l := range inherited {
+		if l != nil { // nil: the fd is not a stream listener
+			ls = append(ls, l)
+		}
+	}
+	switch {
+	case len(ls) > 0:
+		return ls, nil
+	case len(inherited) > 0:
+		return nil, fmt.Errorf("no listener: none of the %d inherited fds is a stream listener", len(inherited))
+	case addr == "":
+		return nil, fmt.Errorf("no listener: LISTEN_FDS=%q LISTEN_PID=%q (this pid is %d) and no -listen ADDR",
+			fds, pid, os.Getpid())
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("no listener: %w", err)
+	}
+	return []net.Listener{l}, nil
+}
+
+func addrs(ls []net.Listener) string {
+	s := make([]string, len(ls))
+	for i, l := range ls {
+		s[i] = l.Addr().String()
+	}
+	return strings.Join(s, ",")
+}
+
+// watchSignals returns a channel closed at the first SIGTERM or SIGINT; with ignoreTERM,
+// SIGTERM is only reported on stderr. The watching goroutine lives as long as the process.
+func watchSignals(ignoreTERM bool) <-chan struct{} {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	stop := make(chan struct{})
+	go func() {
+		for sig := range sigs {
+			if sig == syscall.SIGTERM && ignoreTERM {
+				warnf("ignoring SIGTERM (-ignore-sigterm)")
+				continue
+			}
+			warnf("received %v", sig)
+			close(stop)
+			return
+		}
+	}()
+	return stop
+}
+
+// shutdown is the contract's stop: refuse new connections, finish in-flight requests
+// (keep-alive clients get Connection: close), then exit.
+func (a *app) shutdown(srv *graceful.Server) int {
+	a.notify("STOPPING=1")
+	warnf("stopping version=%s pid=%d slot=%s", a.cfg.version, a.pid, a.slot)
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Drain(ctx); err != nil {
+		warnf("shutdown: %v", err)
+		return exitFailure
+	}
+	warnf("stopped version=%s pid=%d slot=%s", a.cfg.version, a.pid, a.slot)
+	return 0
+}
+
+// warnf writes one line to stderr.
+func warnf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "testapp: "+format+"\n", args...)
+}

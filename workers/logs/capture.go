@@ -1,0 +1,123 @@
+package logs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"unicode/utf8"
+)
+
+// Capture reads r (the read end of a worker's stdout or stderr pipe) until
+// EOF and calls fn with each line, without its "\n" or "\r\n". A line longer
+// than maxLine bytes (DefaultMaxLine when maxLine <= 0) is delivered as
+// several chunks of at most maxLine bytes, cut at a UTF-8 rune boundary when
+// there is one near, whose concatenation is the line. A last line without a
+// newline is delivered too. It returns nil at EOF and the read error
+// otherwise, after delivering what it had read.
+//
+// fn runs on Capture's goroutine and should not block (Sink.Write does not):
+// while fn runs, nobody reads the pipe, and a worker writing to a full pipe
+// blocks.
+func Capture(r io.Reader, maxLine int, fn func(text string)) error {
+	if maxLine <= 0 {
+		maxLine = DefaultMaxLine
+	}
+	// Room for a whole line plus "\r\n", so a line of exactly maxLine bytes
+	// is recognised as one line and not as a chunk and an empty line.
+	buf := make([]byte, max(maxLine+2, 32<<10))
+	start, end := 0, 0
+	for {
+		if start > 0 { // move the start of a partial line to the front
+			end = copy(buf, buf[start:end])
+			start = 0
+		}
+		n, err := r.Read(buf[end:])
+		end += n
+		start = deliver(buf[start:end], start, maxLine, err != nil, fn)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("logs: capture: %w", err)
+		}
+	}
+}
+
+// deliver calls fn with every complete line (and chunk of an over-long line)
+// in p, and with everything left if final. It returns the new start offset
+// (offset is p's start in the buffer).
+func deliver(p []byte, offset, maxLine int, final bool, fn func(string)) int {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i >= 0 {
+			e := i
+			if e > 0 && p[e-1] == '\r' {
+				e--
+			}
+			if e <= maxLine {
+				fn(string(p[:e]))
+				p, offset = p[i+1:], offset+i+1
+				continue
+			}
+		} else if len(p) <= maxLine+1 && !final {
+			break // the line may still end within maxLine: wait for more
+		} else if len(p) <= maxLine {
+			fn(string(p)) // last line, no newline
+			return offset + len(p)
+		}
+		cut := chunkEnd(p, maxLine)
+		fn(string(p[:cut]))
+		p, offset = p[cut:], offset+cut
+	}
+	return offset
+}
+
+// chunkEnd is where to cut p (longer than maxLine) so as not to split a
+// UTF-8 sequence, if one starts within the last few bytes before maxLine.
+func chunkEnd(p []byte, maxLine int) int {
+	for cut := maxLine; cut > maxLine-utf8.UTFMax && cut > 0; cut-- {
+		if utf8.RuneStart(p[cut]) {
+			return cut
+		}
+	}
+	return maxLine
+}
+
+// Tail keeps the last lines added, e.g. a worker's last output to show when
+// it crashes. It is safe for concurrent use.
+type Tail struct {
+	mu    sync.Mutex
+	lines []string // ring; next is the oldest once full
+	next  int
+	full  bool
+}
+
+// NewTail returns a Tail that keeps the last n lines (at least 1).
+func NewTail(n int) *Tail {
+	return &Tail{lines: make([]string, max(n, 1))}
+}
+
+// Add appends s, forgetting the oldest line if the Tail is full.
+func (t *Tail) Add(s string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lines[t.next] = s
+	t.next++
+	if t.next == len(t.lines) {
+		t.next, t.full = 0, true
+	}
+}
+
+// Lines returns a copy of the kept lines, oldest first.
+func (t *Tail) Lines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.full {
+		return append([]string(nil), t.lines[:t.next]...)
+	}
+	out := make([]string, 0, len(t.lines))
+	out = append(out, t.lines[t.next:]...)
+	return append(out, t.lines[:t.next]...)
+}

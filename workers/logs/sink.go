@@ -1,0 +1,246 @@
+// Package logs captures worker output and writes it to rotating files without
+// ever blocking a worker, losing as little as possible: lines wait in a bounded
+// queue, what does not fit (or cannot be written) is counted and reported in
+// the file once writing works again, and rotation renames files instead of
+// copying and truncating them, so nothing written during a rotation is lost.
+// It also reads the files back for `deployd logs` (LastLines, Follow).
+package logs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// ErrClosed is returned by the methods of a closed Sink.
+var ErrClosed = errors.New("logs: sink closed")
+
+// Defaults of Options.
+const (
+	DefaultBufferLines = 10000
+	DefaultBufferBytes = 8 << 20
+	DefaultMaxSize     = 100 << 20
+	// DefaultMaxLine is the longest line Capture delivers whole; longer lines
+	// are split into chunks of at most this many bytes.
+	DefaultMaxLine = 64 << 10
+)
+
+// drainTimeout bounds how long Close keeps writing what is still queued.
+const drainTimeout = 2 * time.Second
+
+// agentPID is the pid written in the Sink's own marker lines.
+var agentPID = os.Getpid()
+
+// Line is one line of a worker's output.
+type Line struct {
+	Time   time.Time // when it was read; zero means when Write is called
+	App    string
+	Slot   int
+	PID    int
+	Stream string // "out" or "err"
+	Text   string // without the newline
+}
+
+// Options configure a Sink.
+type Options struct {
+	Path   string // the current file, e.g. log_dir/web.out.log
+	Format string // FormatText (default), FormatRaw or FormatJSON
+
+	MaxSize  int64         // rotate when the file would grow past this many bytes; 0 means DefaultMaxSize
+	MaxFiles int           // rotated files kept, newest first; 0 keeps all
+	MaxAge   time.Duration // rotated files older than this are removed; 0 keeps all
+	Compress bool          // gzip rotated files (in the background)
+
+	BufferLines int // lines queued before Write drops; 0 means DefaultBufferLines
+	BufferBytes int // bytes of text queued before Write drops; 0 means DefaultBufferBytes
+
+	Logger hclog.Logger // for write errors and recoveries; nil discards
+
+	// Open opens the file end; nil means the default, which rotates by rename.
+	// Tests use it to simulate a full or slow disk.
+	Open func(Options) (File, error)
+}
+
+// Sink writes the lines of one log file. Write never blocks: lines go into a
+// bounded queue that a single goroutine, which owns the File, writes out.
+// All methods are safe for concurrent use.
+type Sink struct {
+	opts  Options
+	lines chan Line     // the queue; its capacity is BufferLines
+	reqs  chan request  // to the writer goroutine
+	done  chan struct{} // closed when the writer goroutine returns
+
+	queuedBytes atomic.Int64  // text bytes in lines
+	dropped     atomic.Uint64 // every line dropped, for Dropped
+	overflow    atomic.Uint64 // lines dropped by Write, not yet in a marker
+
+	mu     sync.RWMutex // Write holds it shared while it enqueues; Close exclusively
+	closed bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type reqKind int
+
+const (
+	reqFlush reqKind = iota
+	reqRotate
+	reqTruncate
+	reqClose
+)
+
+// request asks the writer goroutine to write everything queued, then act.
+type request struct {
+	kind  reqKind
+	reply chan error // buffered, so the writer never waits for the asker
+}
+
+// OpenSink opens (creating, with its directory) the file at o.Path and starts
+// the goroutine that writes it. Close stops it.
+func OpenSink(o Options) (*Sink, error) {
+	if o.Path == "" {
+		return nil, errors.New("logs: open sink: no path")
+	}
+	switch o.Format {
+	case "":
+		o.Format = FormatText
+	case FormatText, FormatRaw, FormatJSON:
+	default:
+		return nil, fmt.Errorf("logs: open sink %s: unknown format %q", o.Path, o.Format)
+	}
+	if o.MaxSize <= 0 {
+		o.MaxSize = DefaultMaxSize
+	}
+	if o.BufferLines <= 0 {
+		o.BufferLines = DefaultBufferLines
+	}
+	if o.BufferBytes <= 0 {
+		o.BufferBytes = DefaultBufferBytes
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Open == nil {
+		o.Open = newRotator
+	}
+	f, err := o.Open(o)
+	if err != nil {
+		return nil, fmt.Errorf("logs: open sink %s: %w", o.Path, err)
+	}
+	s := &Sink{
+		opts:  o,
+		lines: make(chan Line, o.BufferLines),
+		reqs:  make(chan request),
+		done:  make(chan struct{}),
+	}
+	w := &writer{s: s, f: f, log: o.Logger.With("path", o.Path)}
+	go w.run()
+	return s, nil
+}
+
+// Write queues l and returns at once. When the queue is full (BufferLines or
+// BufferBytes) or the Sink is closed, l is dropped and counted. Lines that
+// cannot be written (a full disk) are dropped and counted too. The next
+// successful write starts with a marker line, in the Sink's format:
+//
+//	2026-11-30T03:22:48.123Z [deployd] deployd: dropped 1234 lines (write error: no space left on device)
+//
+// (in json: stream "deployd", slot -1 and the agent's pid). The reason is
+// "buffer full", "write error: ..." or "closing", or several of them.
+func (s *Sink) Write(l Line) {
+	if l.Time.IsZero() {
+		l.Time = time.Now()
+	}
+	n := int64(len(l.Text))
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		s.dropped.Add(1)
+		return
+	}
+	if s.queuedBytes.Add(n) > int64(s.opts.BufferBytes) {
+		s.queuedBytes.Add(-n)
+		s.drop()
+		return
+	}
+	select {
+	case s.lines <- l:
+	default:
+		s.queuedBytes.Add(-n)
+		s.drop()
+	}
+}
+
+func (s *Sink) drop() {
+	s.dropped.Add(1)
+	s.overflow.Add(1)
+}
+
+// Dropped returns how many lines were dropped since the Sink was opened:
+// because the queue was full, because writing them failed, or because Close
+// ran out of time.
+func (s *Sink) Dropped() uint64 { return s.dropped.Load() }
+
+// Flush waits until every line queued before the call is written, or ctx is
+// done. It returns the write error if some of them could not be written.
+func (s *Sink) Flush(ctx context.Context) error {
+	return s.do(ctx, reqFlush, "flush")
+}
+
+// Rotate writes what is queued, then renames the current file aside and
+// starts a new one (SIGUSR1, `deployd logs --rotate`).
+func (s *Sink) Rotate() error {
+	return s.do(context.Background(), reqRotate, "rotate")
+}
+
+// Truncate writes what is queued, then empties the current file and removes
+// the rotated ones (`deployd logs --flush`).
+func (s *Sink) Truncate() error {
+	return s.do(context.Background(), reqTruncate, "truncate")
+}
+
+func (s *Sink) do(ctx context.Context, kind reqKind, what string) error {
+	r := request{kind: kind, reply: make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+	case <-s.done:
+		return fmt.Errorf("logs: %s %s: %w", what, s.opts.Path, ErrClosed)
+	case <-ctx.Done():
+		return fmt.Errorf("logs: %s %s: %w", what, s.opts.Path, ctx.Err())
+	}
+	select {
+	case err := <-r.reply:
+		if err != nil {
+			return fmt.Errorf("logs: %s %s: %w", what, s.opts.Path, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("logs: %s %s: %w", what, s.opts.Path, ctx.Err())
+	}
+}
+
+// Close refuses new lines, writes what is queued (for at most a couple of
+// seconds; the rest is counted as dropped), closes the file and waits for the
+// writer goroutine. It is safe to call twice; later calls return the first
+// call's result.
+func (s *Sink) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		r := request{kind: reqClose, reply: make(chan error, 1)}
+		s.reqs <- r
+		if err := <-r.reply; err != nil {
+			s.closeErr = fmt.Errorf("logs: close %s: %w", s.opts.Path, err)
+		}
+		<-s.done
+	})
+	return s.closeErr
+}

@@ -1,0 +1,198 @@
+package logs
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// batchBytes is how much formatted output the writer collects before a write.
+const batchBytes = 256 << 10
+
+// writer is a Sink's writer goroutine and its state, all owned by run: the
+// File, the batch being built and the accounting of dropped lines.
+type writer struct {
+	s   *Sink
+	f   File
+	log hclog.Logger
+
+	buf     []byte // formatted lines not yet written
+	head    []byte // scratch for a marker written before buf
+	app     string // app of the last line, for the marker
+	pending uint64 // dropped lines no marker has reported yet
+	full    bool   // some of pending were dropped because the queue was full
+	closing bool   // some of pending were dropped because Close ran out of time
+	werr    error  // the write error that dropped some of pending
+	broken  bool   // the file ends in a partial line (a write failed midway)
+}
+
+func (w *writer) run() {
+	defer close(w.s.done)
+	for {
+		select {
+		case l := <-w.s.lines:
+			w.add(l)
+			w.take(cap(w.s.lines)) // bounded, so requests are not starved
+			w.flush()
+		case r := <-w.s.reqs:
+			if r.kind == reqClose {
+				r.reply <- w.close()
+				return
+			}
+			r.reply <- w.handle(r.kind)
+		}
+	}
+}
+
+// handle writes the lines queued before the request arrived, then acts on it.
+func (w *writer) handle(kind reqKind) error {
+	err := w.take(len(w.s.lines))
+	if ferr := w.flush(); err == nil {
+		err = ferr
+	}
+	switch kind {
+	case reqRotate:
+		return w.f.Rotate()
+	case reqTruncate:
+		return w.f.Truncate()
+	}
+	return err
+}
+
+// take formats up to limit queued lines without waiting for more, writing
+// whenever a batch is full. It returns the first write error.
+func (w *writer) take(limit int) error {
+	var first error
+	for range limit {
+		select {
+		case l := <-w.s.lines:
+			if err := w.add(l); first == nil {
+				first = err
+			}
+		default:
+			return first
+		}
+	}
+	return first
+}
+
+func (w *writer) add(l Line) error {
+	w.s.queuedBytes.Add(-int64(len(l.Text)))
+	w.app = l.App
+	w.buf = appendLine(w.buf, w.s.opts.Format, &l)
+	if len(w.buf) >= batchBytes {
+		return w.flush()
+	}
+	return nil
+}
+
+// flush writes the batch, preceded by a marker line if lines were dropped
+// since the last successful write. On error the lines that did not make it
+// are counted as dropped; the next write tries again.
+func (w *writer) flush() error {
+	if n := w.s.overflow.Swap(0); n > 0 {
+		w.pending += n
+		w.full = true
+	}
+	if len(w.buf) == 0 && w.pending == 0 {
+		return nil
+	}
+	data := w.buf
+	head := 0
+	if w.pending > 0 || w.broken {
+		w.head = w.head[:0]
+		if w.broken {
+			w.head = append(w.head, '\n') // end the partial line
+		}
+		if w.pending > 0 {
+			m := markerLine(time.Now(), w.app, w.pending, w.reason())
+			w.head = appendLine(w.head, w.s.opts.Format, &m)
+		}
+		head = len(w.head)
+		w.head = append(w.head, w.buf...)
+		data = w.head
+	}
+	n, err := w.f.Write(data)
+	w.buf = w.buf[:0]
+	if err == nil {
+		if w.werr != nil {
+			w.log.Info("writing the log works again", "dropped", w.pending)
+		}
+		w.pending, w.full, w.closing, w.werr, w.broken = 0, false, false, nil, false
+		return nil
+	}
+	if w.werr == nil {
+		w.log.Error("cannot write the log; dropping lines until it works", "error", err)
+	}
+	if n >= head { // the marker made it
+		w.pending, w.full, w.closing = 0, false, false
+	}
+	lost := uint64(bytes.Count(data[max(n, head):], []byte{'\n'}))
+	w.pending += lost
+	w.s.dropped.Add(lost)
+	w.werr = err
+	if n > 0 {
+		w.broken = data[n-1] != '\n'
+	}
+	return err
+}
+
+// reason says why the lines in pending were dropped, for the marker.
+func (w *writer) reason() string {
+	var r []string
+	if w.full {
+		r = append(r, "buffer full")
+	}
+	if w.werr != nil {
+		r = append(r, "write error: "+errText(w.werr))
+	}
+	if w.closing {
+		r = append(r, "closing")
+	}
+	return strings.Join(r, ", ")
+}
+
+// errText is the bare cause of a write error: "no space left on device",
+// without the path and the wrapping.
+func errText(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// close writes what is queued, for at most drainTimeout, counts the rest as
+// dropped (Write refuses new lines by now), tries to leave a marker for them
+// and closes the File.
+func (w *writer) close() error {
+	deadline := time.Now().Add(drainTimeout)
+	for len(w.s.lines) > 0 && time.Now().Before(deadline) {
+		w.take(batchLines)
+	}
+	var left uint64
+	for len(w.s.lines) > 0 {
+		l := <-w.s.lines
+		w.s.queuedBytes.Add(-int64(len(l.Text)))
+		left++
+	}
+	if left > 0 {
+		w.s.dropped.Add(left)
+		w.pending += left
+		w.closing = true
+	}
+	w.flush()
+	return w.f.Close()
+}
+
+// batchLines is how many lines close takes between looks at the clock.
+const batchLines = 1024
