@@ -5,6 +5,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -57,6 +58,7 @@ type Agent struct {
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
+	upgrading    sync.Mutex // held while an upgrade runs
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -81,11 +83,21 @@ func Run(opts Options) error {
 	if shim, err = filepath.EvalSymlinks(shim); err != nil {
 		return &SetupError{fmt.Errorf("find own binary: %w", err)}
 	}
+	// tableflip starts os.Args[0]: make it the path resolved once at start
+	// (after a swap /proc/self/exe names the backup, minio/minio#14778).
+	os.Args[0] = shim
 	upg, err := tableflip.New(tableflip.Options{UpgradeTimeout: cfg.Agent.UpgradeTimeout, PIDFile: cfg.Agent.PIDFile})
 	if err != nil {
 		return &SetupError{fmt.Errorf("upgrader: %w", err)}
 	}
-	defer upg.Stop()
+	// A new agent that gives up before it is ready must not Stop the
+	// upgrader: that unlinks the unix sockets the old agent still serves.
+	quitQuietly := false
+	defer func() {
+		if !quitQuietly {
+			upg.Stop()
+		}
+	}()
 
 	a := &Agent{
 		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, upg: upg,
@@ -110,7 +122,14 @@ func Run(opts Options) error {
 	go func() { serveDone <- srv.Serve(ctl) }()
 
 	t0 := time.Now()
-	a.startApps()
+	if err := a.startApps(); err != nil && upg.HasParent() {
+		a.log.Error("new agent: workers not ready; giving up so that the previous agent keeps serving", "error", err)
+		quitQuietly = true
+		srv.Close()
+		a.stopApps()
+		a.closeAll()
+		return fmt.Errorf("upgrade abandoned: %w", err)
+	}
 	a.log.Info("agent ready", "apps", len(cfg.AppNames), "startup", time.Since(t0).Round(time.Millisecond),
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
 	if err := upg.Ready(); err != nil {
@@ -147,7 +166,9 @@ loop:
 			break loop
 		}
 	}
-	sdNotify("STOPPING=1")
+	if !handedOff {
+		sdNotify("STOPPING=1")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = srv.Shutdown(ctx)
 	cancel()
@@ -226,7 +247,8 @@ func (a *Agent) setup(cfg *config.Config) error {
 }
 
 // startApps starts every app's workers in parallel and waits for readiness.
-func (a *Agent) startApps() {
+// The error names the apps whose workers were not all ready.
+func (a *Agent) startApps() error {
 	a.mu.Lock()
 	rts := make([]*appRT, 0, len(a.apps))
 	for _, rt := range a.apps {
@@ -234,13 +256,15 @@ func (a *Agent) startApps() {
 	}
 	a.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, rt := range rts {
+	errs := make([]error, len(rts))
+	for i, rt := range rts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			t := time.Now()
 			if err := rt.sup.Start(); err != nil {
 				a.log.Error("app started with errors", "app", rt.name, "error", err)
+				errs[i] = fmt.Errorf("app %s: %w", rt.name, err)
 				return
 			}
 			a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances,
@@ -248,6 +272,7 @@ func (a *Agent) startApps() {
 		}()
 	}
 	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (a *Agent) stopApps() {
@@ -301,15 +326,6 @@ func (a *Agent) rotateLogs() {
 		if err := rt.rotateLogs(); err != nil {
 			a.log.Error("rotate logs", "app", rt.name, "error", err)
 		}
-	}
-}
-
-// upgradeAsync runs a handoff to the binary at the agent's path (SIGHUP).
-func (a *Agent) upgradeAsync() {
-	a.log.Info("upgrade: starting a new agent from", "binary", a.shim)
-	if err := a.upg.Upgrade(); err != nil {
-		a.log.Error("upgrade failed; this agent keeps serving", "error", err)
-		return
 	}
 }
 

@@ -67,6 +67,10 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST "+api.PathShutdown, a.handleShutdown)
 	mux.HandleFunc("POST "+api.PathReload, a.handleReload)
 	mux.HandleFunc("POST "+api.PathRestart, a.handleRestart)
+	mux.HandleFunc("GET "+api.PathLogs, a.handleLogs)
+	mux.HandleFunc("POST "+api.PathLogsRotate, a.handleLogsRotate)
+	mux.HandleFunc("POST "+api.PathLogsFlush, a.handleLogsFlush)
+	mux.HandleFunc("POST "+api.PathUpgrade, a.handleUpgrade)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ok, why := a.allowed(r); !ok {
 			a.log.Warn("control request refused", "reason", why)
@@ -145,7 +149,8 @@ func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
 func appStatus(rt *appRT) api.App {
 	s := rt.sup.Status()
 	app := api.App{Name: rt.name, State: string(s.State), Release: s.Release, Instances: s.Instances,
-		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Workers: []api.Worker{}}
+		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Workers: []api.Worker{},
+		DroppedLogLines: droppedLogLines(rt)}
 	for _, l := range rt.cfg.Listen {
 		app.Listen = append(app.Listen, l.URL)
 	}

@@ -143,6 +143,9 @@ func runDemo(c *cli.Context) error {
 		}
 		defer os.RemoveAll(dir)
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fail(ExitFailed, "demo folder: %v", err)
+	}
 	sock := c.String("socket")
 	if sock == "" {
 		sock = config.DefaultSocket()

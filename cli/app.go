@@ -91,8 +91,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			return fail(ExitUsage, "%v (see `deployd %s --help`)", err, c.Command.Name)
 		},
 		Commands: []*cli.Command{
-			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(),
-			shutdownCommand(), versionCommand(), configCommand(), demoWorkerCommand(),
+			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(), logsCommand(),
+			upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), demoWorkerCommand(),
 		},
 	}
 }

@@ -104,7 +104,9 @@ func Acquire(store Store, network, address, name string, nonblocking bool) (*Lis
 			return nil, err
 		}
 	}
-	if store != nil {
+	// An inherited file is registered in store already (tableflip keeps
+	// what File returned for the next handoff).
+	if store != nil && !l.Inherited {
 		if err := store.AddFile(key, l.file); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("keep %s %s for handoff: %w", network, address, err)

@@ -25,9 +25,10 @@ import (
 
 // Binaries are the programs a test run builds once.
 type Binaries struct {
-	Dir     string
-	Deployd string // reports version "test-1"
-	TestApp string
+	Dir       string
+	Deployd   string // reports version "test-1"
+	DeploydV2 string // reports version "test-2"
+	TestApp   string
 }
 
 // RepoRoot is the module root (the folder holding go.mod).
@@ -64,12 +65,16 @@ func BuildAll() (*Binaries, error) {
 	}
 	b := &Binaries{Dir: dir}
 	var wg sync.WaitGroup
-	var e1, e2 error
+	var e1, e2, e3 error
 	wg.Add(2)
-	go func() { defer wg.Done(); b.Deployd, e1 = Build(dir, "deployd", "./cmd/deployd", "test-1") }()
+	go func() {
+		defer wg.Done()
+		b.Deployd, e1 = Build(dir, "deployd", "./cmd/deployd", "test-1")
+		b.DeploydV2, e3 = Build(dir, "deployd-v2", "./cmd/deployd", "test-2")
+	}()
 	go func() { defer wg.Done(); b.TestApp, e2 = Build(dir, "testapp", "./integration/testapp", "") }()
 	wg.Wait()
-	if err := errors.Join(e1, e2); err != nil {
+	if err := errors.Join(e1, e2, e3); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -95,9 +100,32 @@ type Agent struct {
 	Config string
 	Socket string
 	Client *api.Client
+	// Binary is what `deployd agent` runs: bins.Deployd, or a copy of it in
+	// Dir after UseOwnBinary (upgrades replace the file).
+	Binary string
 	cmd    *exec.Cmd
 	log    *syncBuffer
 	done   chan struct{}
+}
+
+// UseOwnBinary makes the agent run from a copy of deployd in its folder, so
+// that an upgrade can swap it. Call before Start.
+func (a *Agent) UseOwnBinary() {
+	a.t.Helper()
+	a.Binary = filepath.Join(a.Dir, "deployd")
+	CopyFile(a.t, a.bins.Deployd, a.Binary)
+}
+
+// CopyFile copies an executable file.
+func CopyFile(t testing.TB, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent use.
@@ -128,7 +156,7 @@ func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	os.Chmod(dir, 0o755)
-	a := &Agent{t: t, bins: bins, Dir: dir, Config: filepath.Join(dir, "deployd.toml"),
+	a := &Agent{t: t, bins: bins, Dir: dir, Config: filepath.Join(dir, "deployd.toml"), Binary: bins.Deployd,
 		Socket: filepath.Join(dir, "deployd.sock"), log: &syncBuffer{}}
 	a.Client = api.NewClient(a.Socket)
 	a.WriteConfig(body)
@@ -157,7 +185,7 @@ func StartAgent(t testing.TB, bins *Binaries, body string) *Agent {
 // stopped (SIGTERM, then SIGKILL) when the test ends.
 func (a *Agent) Start() {
 	a.t.Helper()
-	a.cmd = exec.Command(a.bins.Deployd, "agent", "-c", a.Config, "--log-level", "debug")
+	a.cmd = exec.Command(a.Binary, "agent", "-c", a.Config, "--log-level", "debug")
 	a.cmd.Dir = a.Dir
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	a.cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=")
@@ -202,11 +230,26 @@ func (a *Agent) Signal(sig syscall.Signal) {
 	_ = a.cmd.Process.Signal(sig)
 }
 
-// Stop sends SIGTERM and waits up to 30 s, then kills the agent's group.
-// Safe to call twice.
+// Stop sends SIGTERM to the agent serving the socket (after upgrades, a
+// descendant of the one Start started) and waits up to 30 s for it to be
+// gone, then kills it. Safe to call twice.
 func (a *Agent) Stop() {
 	if a.cmd == nil || a.done == nil {
 		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	v, err := a.Client.Version(ctx)
+	cancel()
+	if err == nil && v.PID != a.cmd.Process.Pid {
+		_ = syscall.Kill(v.PID, syscall.SIGTERM)
+		deadline := time.Now().Add(30 * time.Second)
+		for Alive(v.PID) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if Alive(v.PID) {
+			_ = syscall.Kill(v.PID, syscall.SIGKILL)
+			a.t.Errorf("agent %d did not stop within 30s of SIGTERM\n%s", v.PID, a.log.String())
+		}
 	}
 	select {
 	case <-a.done:

@@ -184,3 +184,10 @@ func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
 		}
 	}
 }
+
+// Upgrade asks the agent to hand off to a new binary; it returns when the
+// new agent is ready or the upgrade failed.
+func (c *Client) Upgrade(ctx context.Context, req UpgradeRequest) (*UpgradeResult, error) {
+	var res UpgradeResult
+	return &res, c.getJSON(ctx, http.MethodPost, PathUpgrade, req, &res)
+}

@@ -43,6 +43,9 @@ type App struct {
 	LastExit  string   `json:"last_exit,omitempty"`
 	LastLines []string `json:"last_lines,omitempty"`
 	Workers   []Worker `json:"workers"`
+	// DroppedLogLines counts the output lines of the app's workers the agent
+	// could not write to its log files (disk full or too slow).
+	DroppedLogLines uint64 `json:"dropped_log_lines"`
 }
 
 // Worker is one worker process.
@@ -123,4 +126,24 @@ type Error struct {
 type VersionInfo struct {
 	Version string `json:"version"`
 	PID     int    `json:"pid"`
+}
+
+// PathUpgrade is POST: hand every socket to a new agent binary.
+const PathUpgrade = "/v1/upgrade"
+
+// UpgradeRequest is the body of POST /v1/upgrade. With Binary empty the
+// agent re-executes the binary at its own path (as on SIGHUP).
+type UpgradeRequest struct {
+	Binary    string `json:"binary,omitempty"`
+	SHA256    string `json:"sha256,omitempty"`
+	Signature string `json:"signature,omitempty"` // path of a minisign signature file
+}
+
+// UpgradeResult is the answer of a successful upgrade.
+type UpgradeResult struct {
+	OldVersion      string  `json:"old_version"`
+	OldPID          int     `json:"old_pid"`
+	NewVersion      string  `json:"new_version"`
+	NewPID          int     `json:"new_pid,omitempty"`
+	DurationSeconds float64 `json:"duration_seconds"`
 }

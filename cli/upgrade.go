@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+func upgradeCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "upgrade",
+		Usage: "replace the running agent (and optionally its binary) without dropping a connection",
+		Description: "The agent verifies --binary (sha256, a minisign signature when [agent]\n" +
+			"upgrade_public_key is set, and that `BINARY version` answers within 5 s), swaps it in\n" +
+			"at the agent's own path keeping a backup, and starts a new agent from it. Every\n" +
+			"listener and the control socket pass to the new agent, which starts its workers and\n" +
+			"only then takes over; the old agent drains its workers and exits. If anything fails,\n" +
+			"the previous binary is restored and the old agent keeps serving (exit 1).\n" +
+			"Without --binary the agent re-executes its current binary (same as SIGHUP or\n" +
+			"`systemctl reload`). One upgrade at a time; an upgrade asked for while the previous\n" +
+			"agent still drains waits for it (up to upgrade_timeout).\n\n" +
+			"Example: deployd upgrade --binary ./deployd-1.4.0 --sha256 $(sha256sum deployd-1.4.0 | cut -d' ' -f1)",
+		Flags: clientFlags(jsonFlag,
+			&cli.StringFlag{Name: "binary", Usage: "new deployd `FILE` to install at the agent's path"},
+			&cli.StringFlag{Name: "sha256", Usage: "expected sha256 of --binary, `HEX`"},
+			&cli.StringFlag{Name: "signature", Usage: "minisign signature `FILE` of --binary"},
+		),
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return fail(ExitUsage, "usage: deployd upgrade [--binary FILE] [--sha256 HEX] [--signature FILE]")
+			}
+			req := api.UpgradeRequest{SHA256: c.String("sha256")}
+			for _, p := range []struct {
+				dst  *string
+				flag string
+			}{{&req.Binary, "binary"}, {&req.Signature, "signature"}} {
+				if v := c.String(p.flag); v != "" {
+					abs, err := filepath.Abs(v)
+					if err != nil {
+						return fail(ExitUsage, "--%s %s: %v", p.flag, v, err)
+					}
+					*p.dst = abs
+				}
+			}
+			if req.SHA256 != "" && req.Binary == "" {
+				return fail(ExitUsage, "--sha256 needs --binary")
+			}
+			cl := client(c)
+			res, err := cl.Upgrade(ctx(c), req)
+			if se, ok := err.(*api.StatusError); ok {
+				return fail(ExitFailed, "%s", se.Message)
+			}
+			if err != nil {
+				return err
+			}
+			res.NewPID = waitNewAgent(ctx(c), cl, res.OldPID)
+			if c.Bool("json") {
+				return json.NewEncoder(c.App.Writer).Encode(res)
+			}
+			fmt.Fprintf(c.App.ErrWriter, "agent upgraded: %s (pid %d) -> %s (pid %d) in %s\n", res.OldVersion, res.OldPID,
+				res.NewVersion, res.NewPID, time.Duration(res.DurationSeconds*float64(time.Second)).Round(time.Millisecond))
+			return nil
+		},
+	}
+}
+
+// waitNewAgent waits until the control socket is answered by an agent other
+// than oldPID (the old one stops serving it while it drains) and returns its
+// pid, or 0 after 30 s.
+func waitNewAgent(cx context.Context, cl *api.Client, oldPID int) int {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if v, err := cl.Version(cx); err == nil && v.PID != oldPID {
+			return v.PID
+		}
+		select {
+		case <-cx.Done():
+			return 0
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return 0
+}
