@@ -22,6 +22,7 @@ import (
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/version"
+	"github.com/deployd/deployd/release"
 )
 
 // Options configure Run.
@@ -59,6 +60,9 @@ type Agent struct {
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
 	upgrading    sync.Mutex // held while an upgrade runs
+
+	state    *stateFile
+	releases *release.Store
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -236,6 +240,11 @@ func (a *Agent) setup(cfg *config.Config) error {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
+	var err error
+	if a.state, err = loadState(cfg.Agent.StateDir); err != nil {
+		return err
+	}
+	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/deployd/deployd/agent/config"
@@ -25,6 +26,9 @@ type appRT struct {
 	sup       *workers.Supervisor
 	listeners []*handoff.Listener
 	out, err  *logs.Sink
+	// busy is held by the operation that replaces workers (reload, deploy,
+	// rollback, restart, scale): a second one is refused at once.
+	busy sync.Mutex
 }
 
 func (rt *appRT) closeLogs() {
@@ -69,7 +73,7 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 		}
 	}
 	a.generation++
-	spec, err := a.specFor(app, ls, a.generation)
+	spec, err := a.specFor(app, ls, a.generation, a.state.get(app.Name).Current)
 	if err != nil {
 		rt.closeLogs()
 		return nil, err
@@ -125,19 +129,47 @@ func (a *Agent) closeUnusedListeners() {
 	}
 }
 
-// specFor builds the workers.Spec of app's config.
-func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int) (*workers.Spec, error) {
+// specFor builds the workers.Spec of app's config; for an app that takes
+// releases, of release rel ("" = none yet: no workers).
+func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int, rel string) (*workers.Spec, error) {
 	cred, err := credential(app)
 	if err != nil {
 		return nil, err
 	}
+	release, argv, dir := configRelease(app), app.Command, app.Cwd
+	instances := app.Instances
+	if n := a.state.get(app.Name).Instances; n > 0 {
+		instances = n
+	}
+	if app.Releases {
+		release, dir = rel, a.releases.Path(app.Name, rel)
+		argv = releaseArgv(app.Command, dir)
+		if rel == "" {
+			instances, dir = 0, app.Cwd
+		}
+	}
 	spec := &workers.Spec{
-		Release: configRelease(app), Generation: gen, Argv: app.Command, Dir: app.Cwd,
-		Env: append(workerBaseEnv(), app.Env...), Credential: cred, Instances: app.Instances,
+		Release: release, Generation: gen, Argv: argv, Dir: dir,
+		Env: append(workerBaseEnv(), app.Env...), Credential: cred, Instances: instances,
 		Listeners: ls, Ready: app.Ready, ReadyTimeout: app.ReadyTimeout, StopSignal: app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: app.Restart, MaxSurge: app.MaxSurge,
 	}
 	return spec, nil
+}
+
+// releaseArgv resolves a relative command inside the release folder dir.
+func releaseArgv(cmd []string, dir string) []string {
+	argv := append([]string(nil), cmd...)
+	switch {
+	case filepath.IsAbs(argv[0]):
+	case strings.Contains(argv[0], "/"):
+		argv[0] = filepath.Join(dir, argv[0])
+	default:
+		if fi, err := os.Stat(filepath.Join(dir, argv[0])); err == nil && fi.Mode().IsRegular() {
+			argv[0] = filepath.Join(dir, argv[0])
+		}
+	}
+	return argv
 }
 
 // configRelease names an app's configured version: a short hash of what the

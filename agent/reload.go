@@ -100,6 +100,13 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 		}
 		return res
 	}
+	a.mu.Unlock()
+	if !rt.busy.TryLock() {
+		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)
+		return res
+	}
+	defer rt.busy.Unlock()
+	a.mu.Lock()
 	ls, err := a.acquireListeners(app)
 	if err != nil {
 		a.mu.Unlock()
@@ -107,7 +114,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 		return res
 	}
 	a.generation++
-	spec, err := a.specFor(app, ls, a.generation)
+	spec, err := a.specFor(app, ls, a.generation, a.state.get(app.Name).Current)
 	a.mu.Unlock()
 	if err != nil {
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"

@@ -71,6 +71,9 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST "+api.PathLogsRotate, a.handleLogsRotate)
 	mux.HandleFunc("POST "+api.PathLogsFlush, a.handleLogsFlush)
 	mux.HandleFunc("POST "+api.PathUpgrade, a.handleUpgrade)
+	mux.HandleFunc("POST "+api.PathDeploy, a.handleDeploy)
+	mux.HandleFunc("POST "+api.PathRollback, a.handleRollback)
+	mux.HandleFunc("GET "+api.PathReleases, a.handleReleases)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ok, why := a.allowed(r); !ok {
 			a.log.Warn("control request refused", "reason", why)
@@ -148,7 +151,11 @@ func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
 
 func appStatus(rt *appRT) api.App {
 	s := rt.sup.Status()
-	app := api.App{Name: rt.name, State: string(s.State), Release: s.Release, Instances: s.Instances,
+	state := string(s.State)
+	if rt.cfg.Releases && s.Release == "" && len(s.Workers) == 0 {
+		state = "no release"
+	}
+	app := api.App{Name: rt.name, State: state, Release: s.Release, Instances: s.Instances,
 		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Workers: []api.Worker{},
 		DroppedLogLines: droppedLogLines(rt)}
 	for _, l := range rt.cfg.Listen {
@@ -202,6 +209,11 @@ func (a *Agent) handleRestart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, unknownApp(req.App, cfg))
 		return
 	}
+	if !rt.busy.TryLock() {
+		writeError(w, http.StatusConflict, busyMessage(req.App))
+		return
+	}
+	defer rt.busy.Unlock()
 	st := newStream(w)
 	t := time.Now()
 	res := api.AppResult{App: req.App, Outcome: api.OutcomeDone, Release: rt.sup.Spec().Release}

@@ -56,7 +56,8 @@ func (e *StatusError) Error() string { return e.Message }
 // IsUsage reports whether the agent rejected the request as invalid
 // (bad input, unknown app, invalid config).
 func (e *StatusError) IsUsage() bool {
-	return e.Code == http.StatusBadRequest || e.Code == http.StatusNotFound
+	return e.Code == http.StatusBadRequest || e.Code == http.StatusNotFound ||
+		e.Code == http.StatusUnprocessableEntity || e.Code == http.StatusRequestEntityTooLarge
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
@@ -161,6 +162,9 @@ func (c *Client) Stream(ctx context.Context, path string, body any, onEvent func
 		if l.Result != nil {
 			return l.Result, nil
 		}
+		if l.Deploy != nil {
+			return &Result{OK: l.Deploy.Status != DeployFailed, Deploy: l.Deploy}, nil
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("agent answer: %w", err)
@@ -190,4 +194,28 @@ func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
 func (c *Client) Upgrade(ctx context.Context, req UpgradeRequest) (*UpgradeResult, error) {
 	var res UpgradeResult
 	return &res, c.getJSON(ctx, http.MethodPost, PathUpgrade, req, &res)
+}
+
+// Deploy installs an artifact and rolls the app to it.
+func (c *Client) Deploy(ctx context.Context, req DeployRequest, onEvent func(Event)) (*DeployResult, error) {
+	res, err := c.Stream(ctx, PathDeploy, req, onEvent)
+	if err != nil {
+		return nil, err
+	}
+	return res.Deploy, nil
+}
+
+// Rollback rolls the app back to its previous release (or req.To).
+func (c *Client) Rollback(ctx context.Context, req RollbackRequest, onEvent func(Event)) (*DeployResult, error) {
+	res, err := c.Stream(ctx, PathRollback, req, onEvent)
+	if err != nil {
+		return nil, err
+	}
+	return res.Deploy, nil
+}
+
+// Releases lists app's releases.
+func (c *Client) Releases(ctx context.Context, app string) (*Releases, error) {
+	var r Releases
+	return &r, c.getJSON(ctx, http.MethodGet, PathReleases+"?app="+url.QueryEscape(app), nil, &r)
 }

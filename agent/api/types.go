@@ -88,14 +88,17 @@ type Event struct {
 
 // StreamLine is one line of a streamed answer: an event, or the final result.
 type StreamLine struct {
-	Event  *Event  `json:"event,omitempty"`
-	Result *Result `json:"result,omitempty"`
+	Event  *Event        `json:"event,omitempty"`
+	Result *Result       `json:"result,omitempty"`
+	Deploy *DeployResult `json:"deploy,omitempty"`
 }
 
 // Result ends an operation.
 type Result struct {
 	OK   bool        `json:"ok"`
 	Apps []AppResult `json:"apps"`
+	// Deploy is set for deploy and rollback.
+	Deploy *DeployResult `json:"-"`
 }
 
 // Outcomes of an operation on one app.
@@ -146,4 +149,63 @@ type UpgradeResult struct {
 	NewVersion      string  `json:"new_version"`
 	NewPID          int     `json:"new_pid,omitempty"`
 	DurationSeconds float64 `json:"duration_seconds"`
+}
+
+// Paths of the release API.
+const (
+	PathDeploy   = "/v1/deploy"   // POST, streamed
+	PathRollback = "/v1/rollback" // POST, streamed
+	PathReleases = "/v1/releases" // GET ?app=
+)
+
+// DeployRequest is the body of POST /v1/deploy. Artifact is an absolute
+// path on the agent's host: an executable, a folder or a .tar.gz.
+type DeployRequest struct {
+	App      string `json:"app"`
+	Artifact string `json:"artifact"`
+	Version  string `json:"version,omitempty"`
+	SHA256   string `json:"sha256,omitempty"`
+	Strategy string `json:"strategy,omitempty"`
+}
+
+// RollbackRequest is the body of POST /v1/rollback; To "" = the previous release.
+type RollbackRequest struct {
+	App      string `json:"app"`
+	To       string `json:"to,omitempty"`
+	Strategy string `json:"strategy,omitempty"`
+}
+
+// Deploy outcomes.
+const (
+	DeployDeployed   = "deployed"
+	DeployRolledBack = "rolled-back"
+	DeployUnchanged  = "unchanged" // the version was current already
+	DeployFailed     = "failed"
+)
+
+// DeployResult ends a deploy or rollback (the last line of --json).
+type DeployResult struct {
+	App             string   `json:"app"`
+	Version         string   `json:"version"`
+	Previous        string   `json:"previous"`
+	Status          string   `json:"status"`
+	DurationSeconds float64  `json:"duration_seconds"`
+	Error           string   `json:"error,omitempty"`
+	ExitStatus      string   `json:"exit_status,omitempty"`
+	LastLines       []string `json:"last_lines,omitempty"`
+}
+
+// ReleaseInfo is one release in GET /v1/releases.
+type ReleaseInfo struct {
+	Version     string    `json:"version"`
+	InstalledAt time.Time `json:"installed_at"`
+	SHA256      string    `json:"sha256"`
+	Size        int64     `json:"size"`
+	Status      string    `json:"status"` // current, previous, failed, available
+}
+
+// Releases is the answer of GET /v1/releases.
+type Releases struct {
+	App      string        `json:"app"`
+	Releases []ReleaseInfo `json:"releases"`
 }

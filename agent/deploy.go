@@ -1,0 +1,230 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/release"
+	"github.com/deployd/deployd/workers"
+)
+
+// releaseApp returns the app named in a release request, answering the
+// error itself when there is none, it takes no releases, or it is busy. The
+// caller must unlock rt.busy.
+func (a *Agent) releaseApp(w http.ResponseWriter, name string) *appRT {
+	a.mu.Lock()
+	rt, cfg := a.apps[name], a.cfg
+	a.mu.Unlock()
+	switch {
+	case rt == nil:
+		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
+		return nil
+	case !rt.cfg.Releases:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(
+			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
+		return nil
+	case !rt.busy.TryLock():
+		writeError(w, http.StatusConflict, busyMessage(name))
+		return nil
+	}
+	return rt
+}
+
+func strategyOf(s string) (workers.Strategy, error) {
+	switch workers.Strategy(s) {
+	case "", workers.Rolling:
+		return workers.Rolling, nil
+	case workers.BlueGreen:
+		return workers.BlueGreen, nil
+	}
+	return "", fmt.Errorf("unknown strategy %q; use rolling or blue-green", s)
+}
+
+func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
+	var req api.DeployRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	strategy, err := strategyOf(req.Strategy)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !filepath.IsAbs(req.Artifact) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("artifact %q: the agent needs an absolute path", req.Artifact))
+		return
+	}
+	rt := a.releaseApp(w, req.App)
+	if rt == nil {
+		return
+	}
+	defer rt.busy.Unlock()
+	t := time.Now()
+	existed := false
+	if _, err := a.releases.Get(req.App, req.Version); req.Version != "" && err == nil {
+		existed = true
+	}
+	rel, err := a.releases.Install(req.App, req.Artifact, req.Version, req.SHA256)
+	if err != nil {
+		writeError(w, http.StatusUnprocessableEntity, "deploy refused, nothing changed: "+err.Error())
+		return
+	}
+	if err := checkReleaseCommand(rt, rel); err != nil {
+		if !existed {
+			os.RemoveAll(rel.Path)
+		}
+		writeError(w, http.StatusUnprocessableEntity, "deploy refused, nothing changed: "+err.Error())
+		return
+	}
+	a.log.Info("release installed", "app", req.App, "version", rel.Version, "sha256", rel.SHA256)
+	st := newStream(w)
+	res := a.rollTo(rt, rel.Version, strategy, st.event, api.DeployDeployed)
+	res.DurationSeconds = time.Since(t).Seconds()
+	st.send(api.StreamLine{Deploy: res})
+}
+
+// checkReleaseCommand makes sure the app's command exists in the release.
+func checkReleaseCommand(rt *appRT, rel *release.Release) error {
+	argv := releaseArgv(rt.cfg.Command, rel.Path)
+	if !filepath.IsAbs(argv[0]) {
+		return nil // a command looked up in PATH
+	}
+	fi, err := os.Stat(argv[0])
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("release %s has no executable %s (the app's command); the artifact must contain it",
+			rel.Version, rt.cfg.Command[0])
+	}
+	return nil
+}
+
+// rollTo moves rt to release version with a reload and records the outcome
+// in the state file. rt.busy is held.
+func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emit func(workers.Event), okStatus string) *api.DeployResult {
+	prev := a.state.get(rt.name).Current
+	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: okStatus}
+	if version == prev && len(rt.sup.Status().Workers) > 0 {
+		res.Status = api.DeployUnchanged
+		return res
+	}
+	a.mu.Lock()
+	a.generation++
+	spec, err := a.specFor(rt.cfg, rt.listeners, a.generation, version)
+	a.mu.Unlock()
+	if err == nil {
+		err = rt.sup.Reload(spec, strategy, emit)
+	}
+	if err != nil {
+		res.Status, res.Error = api.DeployFailed, err.Error()
+		var ab *workers.AbandonedError
+		if errors.As(err, &ab) {
+			res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
+		}
+		if errors.Is(err, workers.ErrBusy) {
+			res.Error = busyMessage(rt.name)
+		} else if serr := a.state.update(rt.name, func(s *AppState) {
+			if !slices.Contains(s.Failed, version) {
+				s.Failed = append(s.Failed, version)
+			}
+		}); serr != nil {
+			a.log.Error("record failed release", "app", rt.name, "error", serr)
+		}
+		a.log.Error("release not deployed; the previous one keeps serving", "app", rt.name, "version", version, "error", err)
+		return res
+	}
+	if err := a.state.update(rt.name, func(s *AppState) {
+		if s.Current != version {
+			s.Previous = s.Current
+		}
+		s.Current = version
+		s.Failed = slices.DeleteFunc(s.Failed, func(v string) bool { return v == version })
+	}); err != nil {
+		// Serving the new release, but a restart would not know it.
+		res.Error = "serving " + version + ", but the state file could not be written: " + err.Error()
+		a.log.Error("write state", "app", rt.name, "error", err)
+	}
+	cur := a.state.get(rt.name)
+	if removed, err := a.releases.Prune(rt.name, rt.cfg.KeepReleases, cur.Current, cur.Previous); err != nil {
+		a.log.Warn("prune releases", "app", rt.name, "error", err)
+	} else if len(removed) > 0 {
+		a.log.Info("pruned old releases", "app", rt.name, "versions", removed)
+	}
+	a.log.Info("release serving", "app", rt.name, "version", version, "previous", prev)
+	return res
+}
+
+func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
+	var req api.RollbackRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	strategy, err := strategyOf(req.Strategy)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	rt := a.releaseApp(w, req.App)
+	if rt == nil {
+		return
+	}
+	defer rt.busy.Unlock()
+	cur := a.state.get(req.App)
+	target := req.To
+	if target == "" {
+		target = cur.Previous
+	}
+	if target == "" {
+		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s has no previous release to roll back to; see `deployd releases %s`", req.App, req.App))
+		return
+	}
+	if target == cur.Current {
+		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s is the current release of %s already", target, req.App))
+		return
+	}
+	if _, err := a.releases.Get(req.App, target); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("no release %s of %s on this host; see `deployd releases %s`", target, req.App, req.App))
+		return
+	}
+	t := time.Now()
+	st := newStream(w)
+	res := a.rollTo(rt, target, strategy, st.event, api.DeployRolledBack)
+	res.DurationSeconds = time.Since(t).Seconds()
+	st.send(api.StreamLine{Deploy: res})
+}
+
+func (a *Agent) handleReleases(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("app")
+	a.mu.Lock()
+	rt, cfg := a.apps[name], a.cfg
+	a.mu.Unlock()
+	if rt == nil {
+		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
+		return
+	}
+	rels, err := a.releases.List(name)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	st := a.state.get(name)
+	out := api.Releases{App: name, Releases: []api.ReleaseInfo{}}
+	for _, rel := range rels {
+		status := "available"
+		switch {
+		case rel.Version == st.Current:
+			status = "current"
+		case rel.Version == st.Previous:
+			status = "previous"
+		case slices.Contains(st.Failed, rel.Version):
+			status = "failed"
+		}
+		out.Releases = append(out.Releases, api.ReleaseInfo{Version: rel.Version, InstalledAt: rel.InstalledAt,
+			SHA256: rel.SHA256, Size: rel.Size, Status: status})
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// stateVersion is the format of state.json.
+const stateVersion = 1
+
+// AppState is what the agent must bring back for an app after a restart, a
+// handoff or a reboot.
+type AppState struct {
+	Current  string   `json:"current,omitempty"`  // release serving
+	Previous string   `json:"previous,omitempty"` // release before it (rollback target)
+	Failed   []string `json:"failed,omitempty"`   // releases whose deploy failed
+	// Instances overrides the config's count when > 0 (deployd scale).
+	Instances int  `json:"instances,omitempty"`
+	Stopped   bool `json:"stopped,omitempty"` // deployd stop
+}
+
+// stateFile is state_dir/state.json. Safe for concurrent use; every change
+// is written atomically (temp file, fsync, rename, fsync of the folder).
+type stateFile struct {
+	path string
+
+	mu   sync.Mutex
+	apps map[string]*AppState
+}
+
+type stateDoc struct {
+	Version int                  `json:"version"`
+	Apps    map[string]*AppState `json:"apps"`
+}
+
+func loadState(dir string) (*stateFile, error) {
+	s := &stateFile{path: filepath.Join(dir, "state.json"), apps: map[string]*AppState{}}
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state: %w", err)
+	}
+	var doc stateDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("state file %s is damaged (%v); move it away to start from the config alone", s.path, err)
+	}
+	if doc.Apps != nil {
+		s.apps = doc.Apps
+	}
+	return s, nil
+}
+
+// get returns a copy of app's state.
+func (s *stateFile) get(app string) AppState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.apps[app]; st != nil {
+		c := *st
+		c.Failed = append([]string(nil), st.Failed...)
+		return c
+	}
+	return AppState{}
+}
+
+// update changes app's state with fn and writes the file. If the write
+// fails the change is undone.
+func (s *stateFile) update(app string, fn func(*AppState)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.apps[app]
+	st := AppState{}
+	if old != nil {
+		st = *old
+		st.Failed = append([]string(nil), old.Failed...)
+	}
+	fn(&st)
+	s.apps[app] = &st
+	if err := s.writeLocked(); err != nil {
+		if old == nil {
+			delete(s.apps, app)
+		} else {
+			s.apps[app] = old
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *stateFile) writeLocked() error {
+	b, err := json.MarshalIndent(stateDoc{Version: stateVersion, Apps: s.apps}, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(s.path), ".state-*.json")
+	if err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write state: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write state: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), s.path); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	if d, err := os.Open(filepath.Dir(s.path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}

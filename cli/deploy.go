@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+var strategyFlag = &cli.StringFlag{Name: "strategy", Value: "rolling", Usage: "rolling or blue-green"}
+
+func deployCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "deploy",
+		Usage:     "install a release of an app and roll the app to it (a CI/CD pipeline step)",
+		ArgsUsage: "APP",
+		Description: "The artifact is an executable file, a folder or a .tar.gz. It is verified (--sha256),\n" +
+			"installed into state_dir/releases/APP/VERSION (VERSION defaults to the first 12 hex\n" +
+			"digits of its sha256) and the app is rolled to it with a readiness-gated reload.\n" +
+			"The app needs `releases = true`; its workers run in the release folder, where a\n" +
+			"relative command (command = [\"./server\"]) resolves.\n\n" +
+			"Blocks until done. Exit codes: 0 deployed, 1 failed (the release is marked failed\n" +
+			"and the previous one keeps serving), 2 bad input (nothing changed), 3 agent\n" +
+			"unreachable. --json prints events, then {\"app\",\"version\",\"previous\",\"status\",\n" +
+			"\"duration_seconds\"}.\n\n" +
+			"Example: deployd deploy web --artifact build/web.tar.gz --version 1.4.2 --json",
+		Flags: clientFlags(jsonFlag, strategyFlag,
+			&cli.StringFlag{Name: "artifact", Usage: "`PATH` of an executable, a folder or a .tar.gz (required)"},
+			&cli.StringFlag{Name: "version", Usage: "release `NAME` (default: first 12 hex digits of the sha256)"},
+			&cli.StringFlag{Name: "sha256", Usage: "expected sha256 of the artifact, `HEX`"},
+			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D` (the deploy goes on in the agent)"},
+		),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP --artifact PATH [--version V] [--sha256 HEX]"); err != nil {
+				return err
+			}
+			if c.String("artifact") == "" {
+				return fail(ExitUsage, "--artifact is required: an executable file, a folder or a .tar.gz")
+			}
+			art, err := filepath.Abs(c.String("artifact"))
+			if err != nil {
+				return fail(ExitUsage, "--artifact: %v", err)
+			}
+			req := api.DeployRequest{App: c.Args().First(), Artifact: art, Version: c.String("version"),
+				SHA256: c.String("sha256"), Strategy: c.String("strategy")}
+			return runDeploy(c, "deploy", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.DeployResult, error) {
+				return cl.Deploy(cx, req, on)
+			})
+		},
+	}
+}
+
+func rollbackCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "rollback",
+		Usage:     "roll an app back to its previous release (or --to VERSION)",
+		ArgsUsage: "APP",
+		Description: "A readiness-gated reload to the previous good release, or to --to. Exit codes as\n" +
+			"for deploy. Example: deployd rollback web --to 1.4.1",
+		Flags: clientFlags(jsonFlag, strategyFlag,
+			&cli.StringFlag{Name: "to", Usage: "release `VERSION` to go to (default: the previous one)"},
+			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"},
+		),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP [--to VERSION]"); err != nil {
+				return err
+			}
+			req := api.RollbackRequest{App: c.Args().First(), To: c.String("to"), Strategy: c.String("strategy")}
+			return runDeploy(c, "rollback", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.DeployResult, error) {
+				return cl.Rollback(cx, req, on)
+			})
+		},
+	}
+}
+
+type deployCall func(context.Context, *api.Client, func(api.Event)) (*api.DeployResult, error)
+
+func runDeploy(c *cli.Context, verb string, call deployCall) error {
+	cx := ctx(c)
+	if d := c.Duration("timeout"); d > 0 {
+		var cancel context.CancelFunc
+		cx, cancel = context.WithTimeout(cx, d)
+		defer cancel()
+	}
+	asJSON := c.Bool("json")
+	enc := json.NewEncoder(c.App.Writer)
+	res, err := call(cx, client(c), func(e api.Event) {
+		if asJSON {
+			_ = enc.Encode(e)
+		} else {
+			printEvent(c.App.ErrWriter, e)
+		}
+	})
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fail(ExitFailed, "%s: gave up waiting after --timeout; the agent goes on with it (see `deployd status`)", verb)
+	}
+	var se *api.StatusError
+	if errors.As(err, &se) && se.Code == 409 {
+		return fail(ExitFailed, "%s", se.Message)
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_ = enc.Encode(res)
+	} else {
+		d := time.Duration(res.DurationSeconds * float64(time.Second)).Round(time.Millisecond)
+		switch res.Status {
+		case api.DeployFailed:
+			fmt.Fprintf(c.App.ErrWriter, "%s: %s of %s FAILED after %s: %s\n", res.App, verb, res.Version, d, res.Error)
+			if res.ExitStatus != "" {
+				fmt.Fprintf(c.App.ErrWriter, "  new worker: %s\n", res.ExitStatus)
+			}
+			for _, l := range res.LastLines {
+				fmt.Fprintf(c.App.ErrWriter, "  | %s\n", l)
+			}
+			if res.Previous != "" {
+				fmt.Fprintf(c.App.ErrWriter, "  %s keeps serving; the release is marked failed\n", res.Previous)
+			}
+		case api.DeployUnchanged:
+			fmt.Fprintf(c.App.ErrWriter, "%s: %s is the current release already; nothing to do\n", res.App, res.Version)
+		default:
+			prev := res.Previous
+			if prev == "" {
+				prev = "none"
+			}
+			fmt.Fprintf(c.App.ErrWriter, "%s: %s %s in %s (previous: %s)\n", res.App, res.Status, res.Version, d, prev)
+		}
+	}
+	if res.Status == api.DeployFailed {
+		return fail(ExitFailed, "")
+	}
+	return nil
+}
+
+func releasesCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "releases",
+		Usage:     "list the releases of an app on this host",
+		ArgsUsage: "APP",
+		Flags:     clientFlags(jsonFlag),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP"); err != nil {
+				return err
+			}
+			rs, err := client(c).Releases(ctx(c), c.Args().First())
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return json.NewEncoder(c.App.Writer).Encode(rs)
+			}
+			if len(rs.Releases) == 0 {
+				fmt.Fprintf(c.App.Writer, "%s has no releases yet; deploy one with `deployd deploy %s --artifact PATH`\n", rs.App, rs.App)
+				return nil
+			}
+			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "VERSION\tINSTALLED\tSHA256\tSIZE\tSTATUS")
+			for _, r := range rs.Releases {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Version, r.InstalledAt.Local().Format(time.DateTime),
+					strings.TrimSpace(r.SHA256[:min(12, len(r.SHA256))]), fmtBytes(r.Size), r.Status)
+			}
+			return tw.Flush()
+		},
+	}
+}

@@ -1,0 +1,169 @@
+package release
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func tarGz(t testing.TB, hs []*tar.Header, bodies map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for _, h := range hs {
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(bodies[h.Name]))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(bodies[h.Name]))
+	}
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
+
+func TestExtractRefusesEscapes(t *testing.T) {
+	reg := func(n string) *tar.Header { return &tar.Header{Name: n, Typeflag: tar.TypeReg, Mode: 0o644} }
+	for _, tc := range []struct {
+		name string
+		hs   []*tar.Header
+		want string
+	}{
+		{"absolute", []*tar.Header{reg("/tmp/x")}, "absolute"},
+		{"dotdot", []*tar.Header{reg("a/../../x")}, `".."`},
+		{"symlink out", []*tar.Header{{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "../x"}}, "outside"},
+		{"symlink absolute", []*tar.Header{{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "/etc"}}, "outside"},
+		{"write through link", []*tar.Header{
+			{Name: "d", Typeflag: tar.TypeSymlink, Linkname: "sub"}, {Name: "sub", Typeflag: tar.TypeDir, Mode: 0o755}, reg("d/x")}, "link"},
+		{"hard link out", []*tar.Header{{Name: "h", Typeflag: tar.TypeLink, Linkname: "../x"}}, "outside the release"},
+		{"hard link to symlink", []*tar.Header{
+			{Name: "a/l", Typeflag: tar.TypeSymlink, Linkname: "../ok"}, {Name: "h", Typeflag: tar.TypeLink, Linkname: "a/l"}}, "not a regular file"},
+		{"device", []*tar.Header{{Name: "c", Typeflag: tar.TypeChar}}, "device"},
+		{"fifo", []*tar.Header{{Name: "f", Typeflag: tar.TypeFifo}}, "FIFO"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := t.TempDir()
+			err := Extract(bytes.NewReader(tarGz(t, tc.hs, nil)), dst)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Extract: %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestExtractKeepsModesAndLinks(t *testing.T) {
+	dst := t.TempDir()
+	data := tarGz(t, []*tar.Header{
+		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "bin/server", Typeflag: tar.TypeReg, Mode: 0o755},
+		{Name: "current", Typeflag: tar.TypeSymlink, Linkname: "bin/server"},
+		{Name: "copy", Typeflag: tar.TypeLink, Linkname: "bin/server"},
+	}, map[string]string{"bin/server": "#!/bin/sh\n"})
+	if err := Extract(bytes.NewReader(data), dst); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dst, "bin/server"))
+	if err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("bin/server: %v %v", fi, err)
+	}
+	if l, _ := os.Readlink(filepath.Join(dst, "current")); l != "bin/server" {
+		t.Errorf("symlink target %q", l)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "copy")); string(b) != "#!/bin/sh\n" {
+		t.Errorf("hard link content %q", b)
+	}
+}
+
+func TestInstallIdempotentAndPrune(t *testing.T) {
+	s := &Store{Dir: t.TempDir()}
+	art := filepath.Join(t.TempDir(), "server")
+	os.WriteFile(art, []byte("#!/bin/sh\necho 1\n"), 0o755)
+	r1, err := s.Install("web", art, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r1.Version) != 12 || !strings.HasPrefix(r1.SHA256, r1.Version) {
+		t.Errorf("default version %q of sha %q", r1.Version, r1.SHA256)
+	}
+	if again, err := s.Install("web", art, "", r1.SHA256); err != nil || again.Version != r1.Version {
+		t.Fatalf("reinstall of the same content: %v %v", again, err)
+	}
+	os.WriteFile(art, []byte("#!/bin/sh\necho 2\n"), 0o755)
+	if _, err := s.Install("web", art, r1.Version, ""); !errors.Is(err, ErrBadArtifact) {
+		t.Fatalf("other content under the same version: %v", err)
+	}
+	for _, v := range []string{"a", "b", "c", "d"} {
+		os.WriteFile(art, []byte("#!/bin/sh\necho "+v+"\n"), 0o755)
+		if _, err := s.Install("web", art, v, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := s.Prune("web", 2, r1.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, _ := s.List("web")
+	if len(rs) != 3 || len(removed) != 2 {
+		t.Fatalf("after prune: %d releases, removed %v", len(rs), removed)
+	}
+	if _, err := s.Get("web", r1.Version); err != nil {
+		t.Errorf("a protected release was pruned: %v", err)
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(s.Dir, "web", tmpPrefix+"*")); len(tmps) != 0 {
+		t.Errorf("leftover temp folders: %v", tmps)
+	}
+}
+
+func TestInstallFailureLeavesNothing(t *testing.T) {
+	s := &Store{Dir: t.TempDir()}
+	bad := filepath.Join(t.TempDir(), "bad.tar.gz")
+	os.WriteFile(bad, tarGz(t, []*tar.Header{{Name: "/x", Typeflag: tar.TypeReg}}, nil), 0o644)
+	if _, err := s.Install("web", bad, "1", ""); !errors.Is(err, ErrBadArtifact) {
+		t.Fatalf("bad tarball: %v", err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(s.Dir, "web"))
+	if len(ents) != 0 {
+		t.Errorf("left behind: %v", ents)
+	}
+}
+
+// FuzzExtract: whatever the archive, nothing is written outside dst.
+func FuzzExtract(f *testing.F) {
+	f.Add(tarGz(f, []*tar.Header{{Name: "a", Typeflag: tar.TypeReg, Mode: 0o644}}, map[string]string{"a": "x"}))
+	f.Add(tarGz(f, []*tar.Header{{Name: "../a", Typeflag: tar.TypeReg}}, nil))
+	f.Add(tarGz(f, []*tar.Header{{Name: "l", Typeflag: tar.TypeSymlink, Linkname: ".."}, {Name: "l/x", Typeflag: tar.TypeReg}}, nil))
+	f.Add(tarGz(f, []*tar.Header{{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755}, {Name: "d/h", Typeflag: tar.TypeLink, Linkname: "d"}}, nil))
+	f.Add([]byte("not a tarball"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		root := t.TempDir()
+		dst := filepath.Join(root, "release")
+		os.Mkdir(dst, 0o755)
+		_ = Extract(bytes.NewReader(data), dst)
+		ents, err := os.ReadDir(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ents) != 1 {
+			t.Fatalf("Extract wrote outside the release folder: %v", ents)
+		}
+		// Every link inside stays inside.
+		filepath.WalkDir(dst, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type()&fs.ModeSymlink != 0 {
+				target, _ := filepath.EvalSymlinks(p)
+				if target != "" && !strings.HasPrefix(target, dst) {
+					t.Fatalf("link %s resolves outside: %s", p, target)
+				}
+			}
+			return nil
+		})
+	})
+}

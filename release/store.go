@@ -1,0 +1,286 @@
+package release
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// ErrBadArtifact is wrapped by every refusal of an artifact; nothing was
+// installed.
+var ErrBadArtifact = errors.New("release: artifact refused")
+
+// Kinds of artifact.
+const (
+	KindFile    = "file"    // one executable
+	KindDir     = "dir"     // a folder, copied
+	KindTarball = "tar.gz"  // extracted
+	metaFile    = ".deployd-release.json"
+	tmpPrefix   = ".tmp-"
+	maxVersion  = 128
+	shortSHALen = 12
+)
+
+var versionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)
+
+// Release is one installed version of an app.
+type Release struct {
+	App         string    `json:"app"`
+	Version     string    `json:"version"`
+	InstalledAt time.Time `json:"installed_at"`
+	SHA256      string    `json:"sha256"`
+	Size        int64     `json:"size"`
+	Kind        string    `json:"kind"`
+	Artifact    string    `json:"artifact"` // where it was installed from
+	// Path is the release folder (not stored).
+	Path string `json:"-"`
+}
+
+// Store keeps releases under Dir/APP/VERSION. Not safe for concurrent
+// installs of one app; the agent serializes operations per app.
+type Store struct {
+	Dir string
+}
+
+// Path is the folder of app's version.
+func (s *Store) Path(app, version string) string {
+	return filepath.Join(s.Dir, app, version)
+}
+
+// Install verifies artifact (sha256 when wantSHA is set) and installs it as
+// app's version (default: the first 12 hex digits of its sha256). Installing
+// the same content under an existing version is a no-op; other content
+// under an existing version is refused. On error nothing is left behind.
+func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error) {
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadArtifact, fmt.Sprintf(format, args...))
+	}
+	fi, err := os.Stat(artifact)
+	if err != nil {
+		return nil, refuse("%v", err)
+	}
+	kind := KindFile
+	switch {
+	case fi.IsDir():
+		kind = KindDir
+	case strings.HasSuffix(artifact, ".tar.gz") || strings.HasSuffix(artifact, ".tgz"):
+		kind = KindTarball
+	case !fi.Mode().IsRegular():
+		return nil, refuse("%s is neither a file, a folder nor a .tar.gz", artifact)
+	case fi.Mode()&0o111 == 0:
+		return nil, refuse("%s is not executable; chmod +x it, or ship a folder or a .tar.gz", artifact)
+	}
+	sum, size, err := digest(artifact, kind)
+	if err != nil {
+		return nil, refuse("read %s: %v", artifact, err)
+	}
+	if wantSHA != "" && !strings.EqualFold(strings.TrimSpace(wantSHA), sum) {
+		return nil, refuse("sha256 mismatch: %s has %s, expected %s", artifact, sum, wantSHA)
+	}
+	if version == "" {
+		version = sum[:shortSHALen]
+	}
+	if len(version) > maxVersion || !versionRE.MatchString(version) {
+		return nil, refuse("version %q: use letters, digits, '.', '_', '+' and '-' (at most %d), starting with a letter or digit", version, maxVersion)
+	}
+	dst := s.Path(app, version)
+	if old, err := s.read(app, version); err == nil {
+		if old.SHA256 != sum {
+			return nil, refuse("version %s of %s already exists with other content (sha256 %s, this one %s); pick another --version",
+				version, app, old.SHA256, sum)
+		}
+		return old, nil
+	} else if _, serr := os.Stat(dst); serr == nil {
+		return nil, refuse("%s exists but is not a release deployd installed; remove it or pick another --version", dst)
+	}
+	tmp, err := s.tempDir(app)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp) // a no-op after the rename
+	if err := unpack(artifact, kind, tmp); err != nil {
+		return nil, refuse("%v", err)
+	}
+	rel := &Release{App: app, Version: version, InstalledAt: time.Now().UTC(), SHA256: sum, Size: size,
+		Kind: kind, Artifact: artifact, Path: dst}
+	if err := writeJSON(filepath.Join(tmp, metaFile), rel); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return nil, fmt.Errorf("install %s: %w", dst, err)
+	}
+	syncDir(filepath.Dir(dst))
+	return rel, nil
+}
+
+func (s *Store) tempDir(app string) (string, error) {
+	parent := filepath.Join(s.Dir, app)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", fmt.Errorf("releases folder: %w", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	tmp := filepath.Join(parent, tmpPrefix+hex.EncodeToString(b[:]))
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("releases folder: %w", err)
+	}
+	return tmp, nil
+}
+
+func unpack(artifact, kind, dst string) error {
+	switch kind {
+	case KindFile:
+		return copyFile(artifact, filepath.Join(dst, filepath.Base(artifact)))
+	case KindDir:
+		return copyTree(artifact, dst)
+	default:
+		f, err := os.Open(artifact)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return Extract(f, dst)
+	}
+}
+
+// Get returns app's version.
+func (s *Store) Get(app, version string) (*Release, error) {
+	r, err := s.read(app, version)
+	if err != nil {
+		return nil, fmt.Errorf("release %s of %s: %w", version, app, err)
+	}
+	return r, nil
+}
+
+func (s *Store) read(app, version string) (*Release, error) {
+	b, err := os.ReadFile(filepath.Join(s.Path(app, version), metaFile))
+	if err != nil {
+		return nil, err
+	}
+	var r Release
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, err
+	}
+	r.Path = s.Path(app, version)
+	return &r, nil
+}
+
+// List returns app's releases, newest first.
+func (s *Store) List(app string) ([]*Release, error) {
+	ents, err := os.ReadDir(filepath.Join(s.Dir, app))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*Release
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if r, err := s.read(app, e.Name()); err == nil {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].InstalledAt.After(out[j].InstalledAt) })
+	return out, nil
+}
+
+// Prune removes the oldest releases of app beyond keep, never one named in
+// protect. It also removes leftovers of interrupted installs.
+func (s *Store) Prune(app string, keep int, protect ...string) ([]string, error) {
+	rs, err := s.List(app)
+	if err != nil {
+		return nil, err
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(s.Dir, app, tmpPrefix+"*")); len(tmps) > 0 {
+		for _, t := range tmps {
+			os.RemoveAll(t)
+		}
+	}
+	var removed []string
+	kept := 0
+	for _, r := range rs {
+		isProtected := false
+		for _, p := range protect {
+			isProtected = isProtected || p == r.Version
+		}
+		if isProtected || kept < keep {
+			kept++
+			continue
+		}
+		if err := os.RemoveAll(r.Path); err != nil {
+			return removed, err
+		}
+		removed = append(removed, r.Version)
+	}
+	return removed, nil
+}
+
+// digest is the sha256 of a file, or of a folder's content (paths, modes,
+// link targets and file contents, in order) and its size in bytes.
+func digest(path, kind string) (string, int64, error) {
+	h := sha256.New()
+	var size int64
+	if kind != KindDir {
+		f, err := os.Open(path)
+		if err != nil {
+			return "", 0, err
+		}
+		defer f.Close()
+		n, err := io.Copy(h, f)
+		return hex.EncodeToString(h.Sum(nil)), n, err
+	}
+	err := filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(path, p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s\x00%o\x00", filepath.ToSlash(rel), info.Mode())
+		switch {
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(h, "%s\x00", target)
+		case info.Mode().IsRegular():
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			n, err := io.Copy(h, f)
+			f.Close()
+			size += n
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return hex.EncodeToString(h.Sum(nil)), size, err
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
