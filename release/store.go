@@ -23,9 +23,9 @@ var ErrBadArtifact = errors.New("release: artifact refused")
 
 // Kinds of artifact.
 const (
-	KindFile    = "file"    // one executable
-	KindDir     = "dir"     // a folder, copied
-	KindTarball = "tar.gz"  // extracted
+	KindFile    = "file"   // one executable
+	KindDir     = "dir"    // a folder, copied
+	KindTarball = "tar.gz" // extracted
 	metaFile    = ".deployd-release.json"
 	tmpPrefix   = ".tmp-"
 	maxVersion  = 128
