@@ -267,6 +267,10 @@ func (a *Agent) startApps() error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(rts))
 	for i, rt := range rts {
+		if a.state.get(rt.name).Stopped {
+			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

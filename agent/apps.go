@@ -153,6 +153,7 @@ func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int, rel st
 		Env: append(workerBaseEnv(), app.Env...), Credential: cred, Instances: instances,
 		Listeners: ls, Ready: app.Ready, ReadyTimeout: app.ReadyTimeout, StopSignal: app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: app.Restart, MaxSurge: app.MaxSurge,
+		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
 	}
 	return spec, nil
 }

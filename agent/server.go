@@ -74,6 +74,9 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST "+api.PathDeploy, a.handleDeploy)
 	mux.HandleFunc("POST "+api.PathRollback, a.handleRollback)
 	mux.HandleFunc("GET "+api.PathReleases, a.handleReleases)
+	mux.HandleFunc("POST "+api.PathScale, a.handleScale)
+	mux.HandleFunc("POST "+api.PathStop, a.handleStopApp)
+	mux.HandleFunc("POST "+api.PathStart, a.handleStartApp)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ok, why := a.allowed(r); !ok {
 			a.log.Warn("control request refused", "reason", why)
@@ -164,7 +167,8 @@ func appStatus(rt *appRT) api.App {
 	for _, w := range s.Workers {
 		app.Workers = append(app.Workers, api.Worker{
 			Slot: w.Slot, PID: w.PID, State: string(w.State), Release: w.Release, Generation: w.Generation,
-			Restarts: w.Restarts, UptimeSeconds: w.Uptime.Seconds(), ReadyMillis: w.ReadyAfter.Milliseconds(),
+			Restarts: w.Restarts, UptimeSeconds: w.Uptime.Seconds(),
+			MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
 			CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
 		})
 	}
@@ -217,7 +221,11 @@ func (a *Agent) handleRestart(w http.ResponseWriter, r *http.Request) {
 	st := newStream(w)
 	t := time.Now()
 	res := api.AppResult{App: req.App, Outcome: api.OutcomeDone, Release: rt.sup.Spec().Release}
-	if err := rt.sup.Restart(nil); err != nil {
+	err := a.state.update(req.App, func(s *AppState) { s.Stopped = false })
+	if err == nil {
+		err = rt.sup.Restart(nil)
+	}
+	if err != nil {
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
 		if errors.Is(err, workers.ErrBusy) {
 			res.Outcome, res.Error = api.OutcomeRefused, busyMessage(req.App)

@@ -92,7 +92,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		},
 		Commands: []*cli.Command{
 			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(), logsCommand(),
-			deployCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), demoWorkerCommand(),
+			scaleCommand(), stopCommand(), startCommand(), deployCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), demoWorkerCommand(),
 		},
 	}
 }
@@ -187,7 +187,7 @@ func interspersed(app *cli.App, args []string) []string {
 			pos = append(pos, rest[i:]...)
 			break
 		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
+		if !strings.HasPrefix(a, "-") || a == "-" || isNumber(a[1:]) { // "-1": deployd scale web -1
 			pos = append(pos, a)
 			continue
 		}
@@ -200,4 +200,16 @@ func interspersed(app *cli.App, args []string) []string {
 	}
 	out := append([]string{}, args[:start]...)
 	return append(append(out, flags...), pos...)
+}
+
+func isNumber(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // ShimArg is argv[1] of the re-exec shim: `deployd ShimArg -- app args...`.
@@ -38,6 +40,9 @@ type Proc struct {
 	// numbers are 3+len(Listeners)+i.
 	Extra      []*os.File
 	Credential *syscall.Credential
+	// CPU >= 0 pins the worker to that CPU (the shim sets the affinity
+	// before it execs the app); -1 leaves it alone.
+	CPU int
 }
 
 // Start forks the shim with the listeners as fds 3.. in a new process group.
@@ -68,7 +73,11 @@ func Start(p Proc) (*os.Process, error) {
 	env := append(withoutContractVars(p.Env),
 		EnvListenFDs+"="+strconv.Itoa(len(p.Listeners)),
 		EnvListenFDNames+"="+strings.Join(names, ":"))
-	argv := append([]string{p.Shim, ShimArg, "--"}, p.Argv...)
+	argv := []string{p.Shim, ShimArg}
+	if p.CPU >= 0 {
+		argv = append(argv, "--cpu", strconv.Itoa(p.CPU))
+	}
+	argv = append(append(argv, "--"), p.Argv...)
 	attr := &syscall.ProcAttr{
 		Dir:   p.Dir,
 		Env:   env,
@@ -116,6 +125,20 @@ func withoutContractVars(env []string) []string {
 // RunShim is the shim's main: args are what follows ShimArg. It only returns
 // on failure, with the exit code to use (127: not found, 126: not executable).
 func RunShim(args []string) int {
+	if len(args) > 1 && args[0] == "--cpu" {
+		cpu, err := strconv.Atoi(args[1])
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "deployd exec: --cpu %q: %v\n", args[1], err)
+			return 2
+		}
+		var set unix.CPUSet
+		set.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			fmt.Fprintf(os.Stderr, "deployd exec: pin to CPU %d: %v\n", cpu, err)
+			return 126
+		}
+		args = args[2:]
+	}
 	if len(args) > 0 && args[0] == "--" {
 		args = args[1:]
 	}

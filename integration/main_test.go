@@ -40,11 +40,13 @@ func appConfig(name string, port, instances int, extra string) string {
 	if !strings.Contains(extra, "ready_timeout") {
 		extra = "ready_timeout = \"10s\"\n" + extra
 	}
+	if !strings.Contains(extra, "stop_timeout") {
+		extra = "stop_timeout = \"10s\"\n" + extra
+	}
 	return fmt.Sprintf(`[apps.%s]
 command = ["%%TESTAPP%%"]
 instances = %d
 listen = ["tcp://127.0.0.1:%d"]
-stop_timeout = "10s"
 %s
 `, name, instances, port, extra)
 }

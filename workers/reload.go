@@ -49,19 +49,15 @@ func (e *AbandonedError) Error() string {
 func (e *AbandonedError) Unwrap() error { return e.Reason }
 
 // Reload moves the app to spec. A reload, restart or scale already running
-// gives ErrBusy at once. progress may be nil; it is called from this goroutine.
+// gives ErrBusy at once. progress may be nil; calls to it never overlap and
+// all happen before Reload returns, but old workers drain in their own
+// goroutines, so a call may come from one of those.
 func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event)) error {
 	if !s.op.TryLock() {
 		return ErrBusy
 	}
 	defer s.op.Unlock()
-	emit := func(e Event) {
-		e.Time, e.App = time.Now(), s.opts.App
-		s.log.Debug("reload", "event", e.Type, "worker", e.Slot, "pid", e.PID, "ms", e.Millis)
-		if progress != nil {
-			progress(e)
-		}
-	}
+	emit := s.emitter(progress) // drains emit concurrently
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -83,6 +79,7 @@ func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event))
 		s.crashes = nil
 	}
 	s.mu.Unlock()
+	s.ensureMonitor()
 	return err
 }
 

@@ -13,11 +13,13 @@ type WorkerStatus struct {
 	Release    string
 	Generation int
 	Restarts   int
-	Uptime     time.Duration
-	ReadyAfter time.Duration
-	CPUPercent float64
-	RSSBytes   int64
-	Status     string // last sd_notify STATUS=
+	// Replacements by max_memory and the watchdog.
+	MemoryReplacements, WatchdogReplacements int
+	Uptime                                   time.Duration
+	ReadyAfter                               time.Duration
+	CPUPercent                               float64
+	RSSBytes                                 int64
+	Status                                   string // last sd_notify STATUS=
 }
 
 // AppStatus is a snapshot of an app's pool.
@@ -37,17 +39,17 @@ func (s *Supervisor) Status() AppStatus {
 	st := AppStatus{State: s.state, Release: s.spec.Release, Instances: len(s.slots),
 		LastExit: s.lastExit, LastLines: s.lastLines}
 	type entry struct {
-		w        *Worker
-		restarts int
+		w                       *Worker
+		restarts, memory, watch int
 	}
 	var ws []entry
 	for _, sl := range s.slots {
 		st.Restarts += sl.restarts
 		if sl.cur != nil {
-			ws = append(ws, entry{sl.cur, sl.restarts})
+			ws = append(ws, entry{sl.cur, sl.restarts, sl.memoryReplacements, sl.watchdogReplacements})
 		}
 		for _, w := range sl.extra {
-			ws = append(ws, entry{w, 0})
+			ws = append(ws, entry{w: w})
 		}
 	}
 	s.mu.Unlock()
@@ -58,6 +60,7 @@ func (s *Supervisor) Status() AppStatus {
 		w.mu.Lock()
 		ws := WorkerStatus{Slot: w.Slot, PID: w.PID, State: w.state, Release: w.Release,
 			Generation: w.Generation, Restarts: e.restarts, Uptime: now.Sub(w.Started),
+			MemoryReplacements: e.memory, WatchdogReplacements: e.watch,
 			CPUPercent: u.CPUPercent, RSSBytes: u.RSSBytes, Status: w.status}
 		if !w.readyAt.IsZero() {
 			ws.ReadyAfter = w.readyAt.Sub(w.Started)

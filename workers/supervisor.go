@@ -39,6 +39,12 @@ type Spec struct {
 	StopTimeout  time.Duration
 	Restart      config.Restart
 	MaxSurge     int
+	// MaxMemory (bytes) and Watchdog, when > 0, make the supervisor replace
+	// a worker over the limit or silent for longer, the graceful way.
+	MaxMemory int64
+	Watchdog  time.Duration
+	// CPUAffinity pins worker slot i to usable CPU i mod n.
+	CPUAffinity bool
 }
 
 // AppState is the state of an app's pool.
@@ -83,6 +89,8 @@ type Supervisor struct {
 	lastLines []string
 	closing   chan struct{}
 	closed    bool
+	// monitoring is set once the max_memory/watchdog goroutine runs.
+	monitoring bool
 
 	wg sync.WaitGroup // watch goroutines
 }
@@ -95,6 +103,8 @@ type slot struct {
 	backoff time.Duration
 	// restarts counts crash restarts of this slot.
 	restarts int
+	// replacements by the monitor.
+	memoryReplacements, watchdogReplacements int
 }
 
 // New returns a supervisor with no workers; call Start.
@@ -167,6 +177,7 @@ func (s *Supervisor) startAll(spec *Spec) error {
 		s.state = AppRunning
 	}
 	s.mu.Unlock()
+	s.ensureMonitor()
 	return errors.Join(errs...)
 }
 
@@ -214,9 +225,10 @@ func (s *Supervisor) onExit(sl *slot, w *Worker) {
 	}
 	if len(s.crashes) > spec.Restart.MaxRestarts {
 		s.state = AppErrored
+		crashes, last := len(s.crashes), s.lastExit // guarded by mu
 		s.mu.Unlock()
 		s.log.Error("app errored: too many crashes, not restarting; fix it and run `deployd restart`",
-			"crashes", len(s.crashes), "window", spec.Restart.Window, "last", s.lastExit)
+			"crashes", crashes, "window", spec.Restart.Window, "last", last)
 		return
 	}
 	delay := jitter(sl.backoff)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers/logs"
@@ -193,6 +195,13 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		"DEPLOYD_RELEASE="+spec.Release,
 		handoff.EnvNotifySocket+"="+notify.Addr(),
 	)
+	if spec.Watchdog > 0 {
+		env = append(env, "WATCHDOG_USEC="+strconv.FormatInt(spec.Watchdog.Microseconds(), 10))
+	}
+	cpu := -1
+	if spec.CPUAffinity {
+		cpu = cpuFor(slot)
+	}
 	var ipc *handoff.IPCChannel
 	var extra []*os.File
 	if spec.Ready.Mode == config.ReadyNodeIPC {
@@ -212,7 +221,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
 		Stdout: outW, Stderr: errW, Listeners: spec.Listeners, Extra: extra,
-		Credential: spec.Credential,
+		Credential: spec.Credential, CPU: cpu,
 	})
 	outW.Close()
 	errW.Close()
@@ -380,4 +389,22 @@ func (e *NotReadyError) Error() string {
 		return fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.Slot, w.PID, w.ExitDescription())
 	}
 	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s", w.Slot, w.PID, e.Timeout)
+}
+
+// cpuFor is the usable CPU for slot: slot mod the CPUs the agent may use.
+func cpuFor(slot int) int {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return -1
+	}
+	var cpus []int
+	for i := 0; i < len(set)*64; i++ {
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	if len(cpus) == 0 {
+		return -1
+	}
+	return cpus[slot%len(cpus)]
 }

@@ -219,3 +219,18 @@ func (c *Client) Releases(ctx context.Context, app string) (*Releases, error) {
 	var r Releases
 	return &r, c.getJSON(ctx, http.MethodGet, PathReleases+"?app="+url.QueryEscape(app), nil, &r)
 }
+
+// Scale changes app's worker count ("N", "+N" or "-N").
+func (c *Client) Scale(ctx context.Context, app, instances string, onEvent func(Event)) (*Result, error) {
+	return c.Stream(ctx, PathScale, ScaleRequest{App: app, Instances: instances}, onEvent)
+}
+
+// StopApp stops app's workers until StartApp (persisted).
+func (c *Client) StopApp(ctx context.Context, app string, onEvent func(Event)) (*Result, error) {
+	return c.Stream(ctx, PathStop, AppRequest{App: app}, onEvent)
+}
+
+// StartApp starts an app stopped by StopApp.
+func (c *Client) StartApp(ctx context.Context, app string, onEvent func(Event)) (*Result, error) {
+	return c.Stream(ctx, PathStart, AppRequest{App: app}, onEvent)
+}

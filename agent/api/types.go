@@ -50,17 +50,20 @@ type App struct {
 
 // Worker is one worker process.
 type Worker struct {
-	Slot          int     `json:"slot"`
-	PID           int     `json:"pid"`
-	State         string  `json:"state"`
-	Release       string  `json:"release"`
-	Generation    int     `json:"generation"`
-	Restarts      int     `json:"restarts"`
-	UptimeSeconds float64 `json:"uptime_seconds"`
-	ReadyMillis   int64   `json:"ready_ms,omitempty"`
-	CPUPercent    float64 `json:"cpu_percent"`
-	RSSBytes      int64   `json:"rss_bytes"`
-	Status        string  `json:"status,omitempty"`
+	Slot       int    `json:"slot"`
+	PID        int    `json:"pid"`
+	State      string `json:"state"`
+	Release    string `json:"release"`
+	Generation int    `json:"generation"`
+	Restarts   int    `json:"restarts"`
+	// Replacements by max_memory and the watchdog.
+	MemoryReplacements   int     `json:"memory_replacements,omitempty"`
+	WatchdogReplacements int     `json:"watchdog_replacements,omitempty"`
+	UptimeSeconds        float64 `json:"uptime_seconds"`
+	ReadyMillis          int64   `json:"ready_ms,omitempty"`
+	CPUPercent           float64 `json:"cpu_percent"`
+	RSSBytes             int64   `json:"rss_bytes"`
+	Status               string  `json:"status,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.
@@ -208,4 +211,17 @@ type ReleaseInfo struct {
 type Releases struct {
 	App      string        `json:"app"`
 	Releases []ReleaseInfo `json:"releases"`
+}
+
+// Paths of the operations API (all POST, streamed).
+const (
+	PathScale = "/v1/scale"
+	PathStop  = "/v1/stop"
+	PathStart = "/v1/start"
+)
+
+// ScaleRequest is the body of POST /v1/scale: Instances is "N", "+N" or "-N".
+type ScaleRequest struct {
+	App       string `json:"app"`
+	Instances string `json:"instances"`
 }

@@ -86,6 +86,7 @@ func run(args []string) int {
 		warnf("serving but never signalling readiness (-never-ready)")
 	} else {
 		a.signalReady()
+		a.startWatchdog()
 	}
 	if cfg.crashAfter > 0 {
 		time.AfterFunc(cfg.crashAfter, func() {

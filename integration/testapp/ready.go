@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 )
@@ -104,4 +105,20 @@ func runNotifyChild() int {
 		return exitFailure
 	}
 	return 0
+}
+
+// startWatchdog sends WATCHDOG=1 at half the interval in WATCHDOG_USEC, as
+// sd_notify's watchdog protocol asks, for as long as the process runs (a
+// SIGSTOPped worker goes silent, which is what the watchdog catches).
+func (a *app) startWatchdog() {
+	usec, err := strconv.ParseInt(os.Getenv("WATCHDOG_USEC"), 10, 64)
+	if err != nil || usec <= 0 {
+		return
+	}
+	go func() {
+		t := time.NewTicker(time.Duration(usec) * time.Microsecond / 2)
+		for range t.C {
+			a.notify("WATCHDOG=1")
+		}
+	}()
 }

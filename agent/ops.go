@@ -1,0 +1,141 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/workers"
+)
+
+// opApp returns the app named in an operation and holds its busy lock, or
+// answers the error itself. The caller must unlock rt.busy.
+func (a *Agent) opApp(w http.ResponseWriter, name string) *appRT {
+	a.mu.Lock()
+	rt, cfg := a.apps[name], a.cfg
+	a.mu.Unlock()
+	if rt == nil {
+		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
+		return nil
+	}
+	if !rt.busy.TryLock() {
+		writeError(w, http.StatusConflict, busyMessage(name))
+		return nil
+	}
+	return rt
+}
+
+// finishOp streams the result of an operation on one app.
+func finishOp(st *stream, app string, t time.Time, err error) {
+	res := api.AppResult{App: app, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()}
+	if err != nil {
+		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
+		if errors.Is(err, workers.ErrBusy) {
+			res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app)
+		}
+	}
+	st.send(api.StreamLine{Result: &api.Result{OK: err == nil, Apps: []api.AppResult{res}}})
+}
+
+// parseScale resolves "N", "+N" or "-N" against the current count.
+func parseScale(s string, current int) (int, error) {
+	s = strings.TrimSpace(s)
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("instances %q: use N, +N or -N, e.g. 4 or +1", s)
+	}
+	n := v
+	if strings.HasPrefix(s, "+") || strings.HasPrefix(s, "-") {
+		n = current + v
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("instances %q would leave %d workers; at least 1 (use `deployd stop` to stop the app)", s, n)
+	}
+	if n > 1024 {
+		return 0, fmt.Errorf("instances %q: at most 1024 workers", s)
+	}
+	return n, nil
+}
+
+func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
+	var req api.ScaleRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	rt := a.opApp(w, req.App)
+	if rt == nil {
+		return
+	}
+	defer rt.busy.Unlock()
+	n, err := parseScale(req.Instances, rt.sup.Spec().Instances)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if rt.cfg.Releases && a.state.get(rt.name).Current == "" {
+		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s has no release yet; deploy one first", rt.name))
+		return
+	}
+	st := newStream(w)
+	t := time.Now()
+	err = rt.sup.Scale(n, st.event)
+	if err == nil {
+		err = a.state.update(rt.name, func(s *AppState) { s.Instances, s.Stopped = n, false })
+	}
+	if err == nil {
+		a.log.Info("app scaled", "app", rt.name, "instances", n)
+	}
+	finishOp(st, rt.name, t, err)
+}
+
+func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {
+	var req api.AppRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	rt := a.opApp(w, req.App)
+	if rt == nil {
+		return
+	}
+	defer rt.busy.Unlock()
+	st := newStream(w)
+	t := time.Now()
+	err := a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
+	if err == nil {
+		err = rt.sup.Pause()
+	}
+	if err == nil {
+		a.log.Info("app stopped", "app", rt.name)
+	}
+	finishOp(st, rt.name, t, err)
+}
+
+func (a *Agent) handleStartApp(w http.ResponseWriter, r *http.Request) {
+	var req api.AppRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	rt := a.opApp(w, req.App)
+	if rt == nil {
+		return
+	}
+	defer rt.busy.Unlock()
+	st := newStream(w)
+	t := time.Now()
+	err := a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
+	if err == nil {
+		a.mu.Lock()
+		a.generation++
+		spec, serr := a.specFor(rt.cfg, rt.listeners, a.generation, a.state.get(rt.name).Current)
+		a.mu.Unlock()
+		err = serr
+		if err == nil {
+			err = rt.sup.Restart(spec)
+		}
+	}
+	finishOp(st, rt.name, t, err)
+}

@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"context"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+func scaleCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "scale",
+		Usage:     "change an app's number of workers, live (persisted across restarts)",
+		ArgsUsage: "APP N|+N|-N",
+		Description: "Scaling up starts new workers and waits until they are ready; scaling down\n" +
+			"drains the highest slots gracefully. The count is kept in state.json and\n" +
+			"overrides the config's instances until the next scale.\n\n" +
+			"Examples: deployd scale web 4; deployd scale web +1; deployd scale web -1",
+		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"}),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 2, "APP N|+N|-N"); err != nil {
+				return err
+			}
+			app, n := c.Args().Get(0), c.Args().Get(1)
+			return runStream(c, "scale", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+				return cl.Scale(cx, app, n, on)
+			})
+		},
+	}
+}
+
+func stopCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "stop",
+		Usage:     "stop every worker of an app and keep it stopped (persisted) until `deployd start`",
+		ArgsUsage: "APP",
+		Description: "Workers get their stop signal, then SIGKILL after stop_timeout. The app's\n" +
+			"listeners stay open: connections wait in the queue until `deployd start`.",
+		Flags: clientFlags(jsonFlag),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP"); err != nil {
+				return err
+			}
+			app := c.Args().First()
+			return runStream(c, "stop", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+				return cl.StopApp(cx, app, on)
+			})
+		},
+	}
+}
+
+func startCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "start",
+		Usage:     "start an app stopped by `deployd stop`",
+		ArgsUsage: "APP",
+		Flags:     clientFlags(jsonFlag),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP"); err != nil {
+				return err
+			}
+			app := c.Args().First()
+			return runStream(c, "start", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+				return cl.StartApp(cx, app, on)
+			})
+		},
+	}
+}
