@@ -40,8 +40,9 @@ type Proc struct {
 	// numbers are 3+len(Listeners)+i.
 	Extra      []*os.File
 	Credential *syscall.Credential
-	// CPU >= 0 pins the worker to that CPU (the shim sets the affinity
-	// before it execs the app); -1 leaves it alone.
+	// Pin pins the worker to CPU (the shim sets the affinity before it
+	// execs the app).
+	Pin bool
 	CPU int
 }
 
@@ -74,7 +75,7 @@ func Start(p Proc) (*os.Process, error) {
 		EnvListenFDs+"="+strconv.Itoa(len(p.Listeners)),
 		EnvListenFDNames+"="+strings.Join(names, ":"))
 	argv := []string{p.Shim, ShimArg}
-	if p.CPU >= 0 {
+	if p.Pin {
 		argv = append(argv, "--cpu", strconv.Itoa(p.CPU))
 	}
 	argv = append(append(argv, "--"), p.Argv...)

@@ -221,7 +221,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
 		Stdout: outW, Stderr: errW, Listeners: spec.Listeners, Extra: extra,
-		Credential: spec.Credential, CPU: cpu,
+		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
 	})
 	outW.Close()
 	errW.Close()
