@@ -92,6 +92,12 @@ func (a *Agent) acquireListeners(app *config.App) ([]*handoff.Listener, error) {
 	for _, l := range app.Listen {
 		key := handoff.Key(l.Network, l.Address)
 		hl := a.listeners[key]
+		if hl == nil { // socket activation: systemd's socket for this URL, if it passed one
+			var err error
+			if hl, err = a.adoptActivated(app, l); err != nil {
+				return nil, fmt.Errorf("listen %s: %w", l.URL, err)
+			}
+		}
 		if hl == nil {
 			var err error
 			hl, err = handoff.Acquire(a.upg.Fds, l.Network, l.Address, l.Name, app.Nonblocking)
@@ -200,20 +206,30 @@ func workerBaseEnv() []string {
 	return env
 }
 
-// credential returns the uid/gid to run app's workers as, nil for the agent's.
+// credential returns the uid/gid (and the user's groups) to run app's
+// workers as, nil for the agent's own. Names or numeric ids both work.
 func credential(app *config.App) (*syscall.Credential, error) {
 	if app.User == "" && app.Group == "" {
 		return nil, nil
 	}
-	cred := &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}
+	cred := &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), NoSetGroups: true}
 	if app.User != "" {
-		u, err := user.Lookup(app.User)
+		u, err := lookupUser(app.User)
 		if err != nil {
-			return nil, fmt.Errorf("user %q: %w", app.User, err)
+			return nil, err
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
 		cred.Uid, cred.Gid = uint32(uid), uint32(gid)
+		// Only the user's own groups, never the agent's.
+		cred.NoSetGroups = false
+		if ids, err := u.GroupIds(); err == nil {
+			for _, id := range ids {
+				if g, err := strconv.Atoi(id); err == nil {
+					cred.Groups = append(cred.Groups, uint32(g))
+				}
+			}
+		}
 	}
 	if app.Group != "" {
 		gid, err := lookupGroup(app.Group)
@@ -222,14 +238,32 @@ func credential(app *config.App) (*syscall.Credential, error) {
 		}
 		cred.Gid = uint32(gid)
 	}
-	if cred.Uid != uint32(os.Getuid()) && os.Getuid() != 0 {
-		return nil, fmt.Errorf("user %q: the agent must run as root to start workers as another user", app.User)
+	if os.Getuid() != 0 && (cred.Uid != uint32(os.Getuid()) || cred.Gid != uint32(os.Getgid())) {
+		return nil, fmt.Errorf("user %q group %q: the agent must run as root to start workers as another user or group", app.User, app.Group)
 	}
-	cred.NoSetGroups = true
+	if os.Getuid() != 0 {
+		cred.NoSetGroups = true
+	}
 	return cred, nil
 }
 
+func lookupUser(name string) (*user.User, error) {
+	if _, err := strconv.Atoi(name); err == nil {
+		if u, err := user.LookupId(name); err == nil {
+			return u, nil
+		}
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("user %q: %w", name, err)
+	}
+	return u, nil
+}
+
 func lookupGroup(name string) (int, error) {
+	if id, err := strconv.Atoi(name); err == nil {
+		return id, nil
+	}
 	g, err := user.LookupGroup(name)
 	if err != nil {
 		return 0, fmt.Errorf("group %q: %w", name, err)

@@ -6,9 +6,14 @@
 // request arrives after Shutdown began (net/http checks shuttingDown() right
 // after reading a request). With a listener shared by several workers, the
 // kernel hands such connections to a draining worker all the time, so a
-// reload would drop a few requests. Drain instead stops accepting, answers
-// every request already on its way with "Connection: close", and only then
-// closes what is left.
+// reload would drop a few requests. SetKeepAlivesEnabled(false) is no cure
+// either: it closes idle keep-alive connections at once, racing a client that
+// is sending its next request on one (a client that does not retry loses it).
+//
+// Drain instead stops accepting, answers every request with
+// "Connection: close", and closes a keep-alive connection only once it has
+// been idle for IdleGrace, so a client in the middle of reusing it gets its
+// answer (and the close) instead of a reset.
 package graceful
 
 import (
@@ -17,35 +22,58 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// Server is an http.Server that counts its connections.
+// IdleGrace is how long a keep-alive connection must have been idle before
+// Drain closes it.
+const IdleGrace = time.Second
+
+// Server is an http.Server that tracks its connections.
 type Server struct {
 	HTTP *http.Server
 
+	draining atomic.Bool
+
 	mu        sync.Mutex
-	conns     map[net.Conn]http.ConnState
+	conns     map[net.Conn]connState
 	listeners []net.Listener
 	wg        sync.WaitGroup
 }
 
-// New wraps srv; it sets srv.ConnState (chaining any hook already there).
+type connState struct {
+	state http.ConnState
+	since time.Time
+}
+
+// New wraps srv; it sets srv.ConnState (chaining any hook already there) and
+// wraps srv.Handler to add "Connection: close" while draining.
 func New(srv *http.Server) *Server {
-	s := &Server{HTTP: srv, conns: map[net.Conn]http.ConnState{}}
+	s := &Server{HTTP: srv, conns: map[net.Conn]connState{}}
 	prev := srv.ConnState
 	srv.ConnState = func(c net.Conn, st http.ConnState) {
 		s.mu.Lock()
 		if st == http.StateClosed || st == http.StateHijacked {
 			delete(s.conns, c)
 		} else {
-			s.conns[c] = st
+			s.conns[c] = connState{st, time.Now()}
 		}
 		s.mu.Unlock()
 		if prev != nil {
 			prev(c, st)
 		}
 	}
+	h := srv.Handler
+	if h == nil {
+		h = http.DefaultServeMux
+	}
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
 	return s
 }
 
@@ -63,10 +91,12 @@ func (s *Server) Serve(ls []net.Listener) {
 	}
 }
 
-// Drain stops accepting, lets every accepted connection finish its request
-// (answered with Connection: close), closes idle keep-alive connections, and
-// returns when none is left or ctx ends (then it closes the rest).
+// Drain stops accepting, lets every accepted connection finish its requests
+// (answered with Connection: close), closes keep-alive connections idle for
+// IdleGrace, and returns when none is left or ctx ends (then it closes the
+// rest).
 func (s *Server) Drain(ctx context.Context) error {
+	s.draining.Store(true)
 	s.mu.Lock()
 	ls := s.listeners
 	s.mu.Unlock()
@@ -74,12 +104,10 @@ func (s *Server) Drain(ctx context.Context) error {
 		l.Close()
 	}
 	s.wg.Wait() // no Accept runs any more
-	// Closes idle connections now; later answers carry Connection: close.
-	s.HTTP.SetKeepAlivesEnabled(false)
-	t := time.NewTicker(5 * time.Millisecond)
+	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if s.closeIdle() == 0 {
+		if s.closeIdle(time.Now()) == 0 {
 			return s.HTTP.Close()
 		}
 		select {
@@ -91,21 +119,22 @@ func (s *Server) Drain(ctx context.Context) error {
 	}
 }
 
-// closeIdle closes idle connections and returns how many are still busy.
-// A connection idle after a response had Connection: close, or is a keep-
-// alive connection a client may reuse at any moment: clients retry a request
-// on such a connection (it is the race every keep-alive server has).
-func (s *Server) closeIdle() int {
+// closeIdle closes connections idle for IdleGrace and returns how many are
+// left.
+func (s *Server) closeIdle(now time.Time) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	busy := 0
+	left := 0
 	for c, st := range s.conns {
-		if st == http.StateIdle {
+		idle := st.state == http.StateIdle && now.Sub(st.since) >= IdleGrace
+		// A connection that never sent a request (Go's own rule: 5 s).
+		silent := st.state == http.StateNew && now.Sub(st.since) >= 5*time.Second
+		if idle || silent {
 			c.Close()
 			delete(s.conns, c)
 			continue
 		}
-		busy++
+		left++
 	}
-	return busy
+	return left
 }
