@@ -63,6 +63,7 @@ type Agent struct {
 
 	state    *stateFile
 	releases *release.Store
+	sys      sysState // socket activation, STATUS= updates, metrics (systemd.go, metrics.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -108,6 +109,8 @@ func Run(opts Options) error {
 		cfg: cfg, apps: map[string]*appRT{},
 		listeners: map[string]*handoff.Listener{}, shutdown: make(chan struct{}),
 	}
+	a.loadActivation() // sockets from systemd socket activation
+	defer a.stopSys()
 	// Signals first, so a SIGTERM during startup is not lost.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
@@ -136,10 +139,12 @@ func Run(opts Options) error {
 	}
 	a.log.Info("agent ready", "apps", len(cfg.AppNames), "startup", time.Since(t0).Round(time.Millisecond),
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
+	// systemd learns the new main pid before the previous agent may exit.
+	sdNotify("READY=1\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if err := upg.Ready(); err != nil {
 		a.log.Error("tell the previous agent we are ready", "error", err)
 	}
-	sdNotify("READY=1\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
+	a.startStatusUpdates()
 	if opts.Ready != nil {
 		opts.Ready(a)
 	}
@@ -170,6 +175,7 @@ loop:
 			break loop
 		}
 	}
+	a.stopStatusUpdates()
 	if !handedOff {
 		sdNotify("STOPPING=1")
 	}
@@ -252,7 +258,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 		}
 		a.apps[name] = rt
 	}
-	return nil
+	return a.afterSetup(cfg) // unused systemd sockets, metrics server
 }
 
 // startApps starts every app's workers in parallel and waits for readiness.

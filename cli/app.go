@@ -92,7 +92,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		},
 		Commands: []*cli.Command{
 			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(), logsCommand(),
-			scaleCommand(), stopCommand(), startCommand(), deployCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), demoWorkerCommand(),
+			scaleCommand(), stopCommand(), startCommand(), deployCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), demoWorkerCommand(),
 		},
 	}
 }

@@ -78,10 +78,20 @@ func printStatus(out io.Writer, st *api.Status) {
 	}
 	tw.Flush()
 	for _, a := range st.Apps {
-		if a.State != "running" {
+		if a.DroppedLogLines > 0 {
+			fmt.Fprintf(out, "\n%s: %d log lines dropped (log_dir full or too slow; the log marks where)\n", a.Name, a.DroppedLogLines)
+		}
+		switch a.State {
+		case "running":
+		case "no release":
+			fmt.Fprintf(out, "\n%s has no release yet; deploy one with `deployd deploy %s --artifact PATH`\n", a.Name, a.Name)
+		default:
 			fmt.Fprintf(out, "\n%s is %s", a.Name, a.State)
 			if a.State == "errored" {
 				fmt.Fprint(out, " (crashed too often; fix it, then `deployd restart "+a.Name+"`)")
+			}
+			if a.State == "stopped" {
+				fmt.Fprint(out, " (`deployd start "+a.Name+"` starts it)")
 			}
 			fmt.Fprintln(out)
 		}

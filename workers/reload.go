@@ -69,7 +69,9 @@ func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event))
 	slots := slices.Clone(s.slots)
 	s.mu.Unlock()
 
+	start := time.Now() // for Counters
 	err := s.reload(slots, old, spec, strategy, emit)
+	s.ctr.reloaded(time.Since(start), err)
 	s.mu.Lock()
 	if err != nil {
 		s.spec = old

@@ -89,6 +89,7 @@ type Supervisor struct {
 	lastLines []string
 	closing   chan struct{}
 	closed    bool
+	ctr       counters // for metrics (counters.go)
 	// monitoring is set once the max_memory/watchdog goroutine runs.
 	monitoring bool
 
@@ -267,6 +268,7 @@ func (s *Supervisor) onExit(sl *slot, w *Worker) {
 	}
 	sl.cur = nw
 	sl.restarts++
+	s.ctr.restarted()
 	s.mu.Unlock()
 	s.watch(sl, nw)
 }

@@ -1,0 +1,412 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/workers/logs"
+)
+
+const (
+	// logsFlushTimeout bounds how long a log call waits for the sinks to
+	// write what they hold, so that lines printed just before show up.
+	logsFlushTimeout = time.Second
+	// logStreamFlush is how often a following answer is flushed to the client.
+	logStreamFlush = 50 * time.Millisecond
+	// maxJoinSearch bounds the bytes tailFrom reads to find where the last
+	// lines it returned end in a file that grew meanwhile.
+	maxJoinSearch = 8 << 20
+	// joinContext is how many of its last lines tailFrom looks for.
+	joinContext = 8
+)
+
+// logTarget is one log file a logs call reads or acts on.
+type logTarget struct {
+	app  string
+	sink *logs.Sink
+	path string
+}
+
+// logTargets returns the sinks of app (every app when ""), sorted by app:
+// stdout's and stderr's, or only the one of stream ("out" or "err"). The
+// second result is the message for an unknown app.
+func (a *Agent) logTargets(app, stream string) ([]logTarget, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if app != "" && a.apps[app] == nil {
+		return nil, unknownApp(app, a.cfg)
+	}
+	var out []logTarget
+	for _, name := range sortedKeys(a.apps) {
+		if app != "" && name != app {
+			continue
+		}
+		rt := a.apps[name]
+		if stream != "err" {
+			out = append(out, logTarget{name, rt.out, filepath.Join(a.cfg.Agent.LogDir, name+".out.log")})
+		}
+		if stream != "out" {
+			out = append(out, logTarget{name, rt.err, filepath.Join(a.cfg.Agent.LogDir, name+".err.log")})
+		}
+	}
+	return out, ""
+}
+
+// droppedLogLines is how many lines of rt's workers the agent could not log.
+func droppedLogLines(rt *appRT) uint64 {
+	var n uint64
+	for _, s := range []*logs.Sink{rt.out, rt.err} {
+		if s != nil {
+			n += s.Dropped()
+		}
+	}
+	return n
+}
+
+// flushSinks waits (briefly) until every target's sink has written what it
+// holds. A closed sink (its app was just removed) has nothing to write.
+func flushSinks(ctx context.Context, ts []logTarget) {
+	ctx, cancel := context.WithTimeout(ctx, logsFlushTimeout)
+	defer cancel()
+	for _, t := range ts {
+		if t.sink != nil {
+			_ = t.sink.Flush(ctx)
+		}
+	}
+}
+
+// handleLogs answers GET /v1/logs?app=&n=&err=&follow= with api.LogLines:
+// the last n lines of each log, then, with follow, every new line until the
+// client goes away or the control server shuts down.
+func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	n, err := queryInt(q.Get("n"), 20)
+	if err != nil || n < 0 || n > api.MaxLogLines {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("bad request: n=%q: want 0 to %d lines", q.Get("n"), api.MaxLogLines))
+		return
+	}
+	errLog, err1 := queryBool(q.Get("err"))
+	follow, err2 := queryBool(q.Get("follow"))
+	if err := errors.Join(err1, err2); err != nil {
+		writeError(w, http.StatusBadRequest, "bad request: "+err.Error())
+		return
+	}
+	stream := "out"
+	if errLog {
+		stream = "err"
+	}
+	targets, unknown := a.logTargets(q.Get("app"), stream)
+	if unknown != "" {
+		writeError(w, http.StatusNotFound, unknown)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	if follow {
+		defer onServerShutdown(r, cancel)()
+	}
+	flushSinks(ctx, targets)
+
+	ls := newLogStream(w)
+	defer ls.close()
+	froms := make([]int64, len(targets))
+	for i, t := range targets {
+		lines, from, err := tailFrom(t.path, n)
+		if err != nil {
+			ls.send(api.LogLine{App: t.app, Error: err.Error()})
+			froms[i] = -1
+			continue
+		}
+		for _, l := range lines {
+			ls.send(api.LogLine{App: t.app, Line: l})
+		}
+		froms[i] = from
+	}
+	if !follow {
+		ls.send(api.LogLine{Done: true})
+		return
+	}
+	ls.flush()
+	followAll(ctx, ls, targets, froms)
+}
+
+// followAll streams the lines appended to each target's log from froms[i]
+// (skipping negative ones) until ctx is done.
+func followAll(ctx context.Context, ls *logStream, targets []logTarget, froms []int64) {
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		if froms[i] < 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := logs.Follow(ctx, t.path, froms[i], func(line string) {
+				ls.send(api.LogLine{App: t.app, Line: line})
+			})
+			if err != nil {
+				ls.send(api.LogLine{App: t.app, Error: err.Error()})
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// onServerShutdown calls stop when the control server shuts down (SIGTERM,
+// `deployd shutdown`, a handoff), so that a follow does not hold up
+// http.Server.Shutdown until its deadline. net/http cannot unregister the
+// hook, so what stays registered after the returned release is a few bytes
+// per follow.
+func onServerShutdown(r *http.Request, stop func()) (release func()) {
+	srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
+	if srv == nil {
+		return func() {}
+	}
+	var mu sync.Mutex
+	hook := stop
+	srv.RegisterOnShutdown(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if hook != nil {
+			hook()
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		hook = nil
+	}
+}
+
+// tailFrom returns the last n lines of the log at path and the offset in the
+// current file where they end, for Follow to go on from there without a gap
+// or a line twice. Workers may write meanwhile: if the file grew while
+// LastLines read it, the offset is found by looking for the last line in
+// what was added; if it was rotated, it tries again.
+func tailFrom(path string, n int) ([]string, int64, error) {
+	var lines []string
+	for range 3 {
+		before, errB := os.Stat(path)
+		var err error
+		lines, err = logs.LastLines(path, n)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, 0, err
+		}
+		after, errA := os.Stat(path)
+		switch {
+		case errors.Is(errB, fs.ErrNotExist) && errors.Is(errA, fs.ErrNotExist):
+			return lines, 0, nil // Follow waits for the file and reads it whole
+		case errB != nil || errA != nil:
+			continue
+		case !os.SameFile(before, after):
+			continue // rotated meanwhile
+		case len(lines) == 0:
+			return lines, after.Size(), nil
+		case before.Size() == after.Size():
+			// A write may be in progress all the same, the file ending
+			// mid-line: Follow will deliver that line whole.
+			if size := after.Size(); size > 0 && !endsLine(path, size) {
+				last := lines[len(lines)-1]
+				return lines[:len(lines)-1], max(size-int64(len(last)), 0), nil
+			}
+			return lines, after.Size(), nil
+		}
+		off, partial := joinOffset(path, lines[max(len(lines)-joinContext, 0):], before.Size(), after.Size())
+		if partial {
+			lines = lines[:len(lines)-1] // Follow delivers it whole
+		}
+		return lines, off, nil
+	}
+	// Rotated three times while reading: follow the newest file from its start.
+	return lines, 0, nil
+}
+
+// endsLine reports whether the byte before offset size of path is a newline
+// (or cannot be read: then there is nothing better to do).
+func endsLine(path string, size int64) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return true
+	}
+	defer f.Close()
+	b := []byte{0}
+	if _, err := f.ReadAt(b, size-1); err != nil {
+		return true
+	}
+	return b[0] == '\n'
+}
+
+// joinOffset finds where LastLines stopped reading the file at path, which
+// grew from lo to hi bytes meanwhile. tail is the end of what it returned,
+// a few lines whose last one may be partial (it read a write in progress).
+// It looks for the first place at line start where tail's lines are and the
+// last one ends at or after lo; when the last one is whole, the result is
+// after its newline, else (partial) its start, so that Follow delivers it
+// whole. When it cannot tell, it returns lo: a line may then show twice,
+// but none is missed.
+func joinOffset(path string, tail []string, lo, hi int64) (off int64, partial bool) {
+	want := []byte(strings.Join(tail, "\n"))
+	lastLen := len(tail[len(tail)-1])
+	// From the byte before the earliest start of a tail that ends at lo.
+	start := max(lo-int64(len(want))-2, 0)
+	if hi-start > maxJoinSearch {
+		return lo, false
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return lo, false
+	}
+	defer f.Close()
+	b := make([]byte, hi-start)
+	if _, err := f.ReadAt(b, start); err != nil {
+		return lo, false
+	}
+	for i := 0; i < len(b); {
+		j := bytes.Index(b[i:], want)
+		if j < 0 {
+			break
+		}
+		at := i + j // want starts at start+at
+		end := at + len(want)
+		whole := end < len(b) && b[end] == '\n'
+		switch {
+		case start+int64(at) != 0 && (at == 0 || b[at-1] != '\n'):
+			// not at the start of a line
+		case whole && start+int64(end)+1 >= lo:
+			return start + int64(end) + 1, false
+		case !whole && start+int64(end) >= lo:
+			return start + int64(end-lastLen), true
+		}
+		i = at + 1
+	}
+	return lo, false
+}
+
+// logStream writes api.LogLines to an HTTP answer, flushing it every
+// logStreamFlush rather than after each line. Safe for concurrent use; close
+// stops its flusher goroutine and waits for it.
+type logStream struct {
+	mu    sync.Mutex
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	enc   *json.Encoder
+	dirty bool
+	err   error // the first write error: the client went away
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newLogStream(w http.ResponseWriter) *logStream {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	s := &logStream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go s.flusher()
+	return s
+}
+
+func (s *logStream) send(l api.LogLine) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = s.enc.Encode(l)
+		s.dirty = true
+	}
+}
+
+func (s *logStream) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dirty && s.err == nil {
+		s.err = s.rc.Flush()
+		s.dirty = false
+	}
+}
+
+func (s *logStream) flusher() {
+	defer close(s.done)
+	t := time.NewTicker(logStreamFlush)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.flush()
+		}
+	}
+}
+
+func (s *logStream) close() {
+	close(s.stop)
+	<-s.done
+}
+
+// handleLogsRotate rotates the log files now (POST /v1/logs/rotate).
+func (a *Agent) handleLogsRotate(w http.ResponseWriter, r *http.Request) {
+	a.logFiles(w, r, "rotated", (*logs.Sink).Rotate)
+}
+
+// handleLogsFlush empties the log files (POST /v1/logs/flush).
+func (a *Agent) handleLogsFlush(w http.ResponseWriter, r *http.Request) {
+	a.logFiles(w, r, "emptied", (*logs.Sink).Truncate)
+}
+
+// logFiles applies op to the log files the request names.
+func (a *Agent) logFiles(w http.ResponseWriter, r *http.Request, verb string, op func(*logs.Sink) error) {
+	var req api.LogFilesRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	targets, unknown := a.logTargets(req.App, "")
+	if unknown != "" {
+		writeError(w, http.StatusNotFound, unknown)
+		return
+	}
+	res := api.LogFilesResult{Files: []string{}}
+	for _, t := range targets {
+		err := op(t.sink)
+		switch {
+		case errors.Is(err, logs.ErrClosed):
+			// The app was removed meanwhile; its log is no longer written.
+		case err != nil:
+			a.log.Error("log file not "+verb, "app", t.app, "path", t.path, "error", err)
+			res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", t.app, err))
+		default:
+			res.Files = append(res.Files, t.path)
+		}
+	}
+	a.log.Info("log files "+verb, "app", req.App, "files", len(res.Files), "errors", len(res.Errors))
+	writeJSON(w, http.StatusOK, res)
+}
+
+func queryInt(s string, def int) (int, error) {
+	if s == "" {
+		return def, nil
+	}
+	return strconv.Atoi(s)
+}
+
+func queryBool(s string) (bool, error) {
+	if s == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, fmt.Errorf("%q is not a boolean (use 1 or 0)", s)
+	}
+	return b, nil
+}
