@@ -69,13 +69,43 @@ func New(srv *http.Server) *Server {
 		h = http.DefaultServeMux
 	}
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.draining.Load() {
-			w.Header().Set("Connection", "close")
+		cw := &closeOnDrain{ResponseWriter: w, s: s}
+		h.ServeHTTP(cw, r)
+		if !cw.wrote && s.draining.Load() {
+			w.Header().Set("Connection", "close") // net/http writes the header after us
 		}
-		h.ServeHTTP(w, r)
 	})
 	return s
 }
+
+// closeOnDrain adds "Connection: close" to an answer whose header is written
+// while the server drains, so a request in flight when the drain began also
+// ends its connection.
+type closeOnDrain struct {
+	http.ResponseWriter
+	s     *Server
+	wrote bool
+}
+
+func (w *closeOnDrain) WriteHeader(code int) {
+	if !w.wrote {
+		w.wrote = true
+		if w.s.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closeOnDrain) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer (Flush).
+func (w *closeOnDrain) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Serve serves every listener in the background.
 func (s *Server) Serve(ls []net.Listener) {

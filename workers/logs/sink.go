@@ -1,6 +1,8 @@
-// Package logs captures worker output and writes it to rotating files without
-// ever blocking a worker, losing as little as possible: lines wait in a bounded
-// queue, what does not fit (or cannot be written) is counted and reported in
+// Package logs captures worker output and writes it to rotating files, losing
+// as little as possible and never holding a worker because the disk is slow or
+// full: lines wait in a bounded queue; while the writer keeps up with the disk
+// a burst waits briefly for room (backpressure, at most stallTimeout), and
+// what does not fit when the disk fails or stalls is counted and reported in
 // the file once writing works again, and rotation renames files instead of
 // copying and truncating them, so nothing written during a rotation is lost.
 // It also reads the files back for `deployd logs` (LastLines, Follow).
@@ -67,8 +69,9 @@ type Options struct {
 	Open func(Options) (File, error)
 }
 
-// Sink writes the lines of one log file. Write never blocks: lines go into a
-// bounded queue that a single goroutine, which owns the File, writes out.
+// Sink writes the lines of one log file. Lines go into a bounded queue that a
+// single goroutine, which owns the File, writes out; Write waits at most
+// stallTimeout for room, and not at all while the disk fails or stalls.
 // All methods are safe for concurrent use.
 type Sink struct {
 	opts  Options
@@ -79,6 +82,13 @@ type Sink struct {
 	queuedBytes atomic.Int64  // text bytes in lines
 	dropped     atomic.Uint64 // every line dropped, for Dropped
 	overflow    atomic.Uint64 // lines dropped by Write, not yet in a marker
+
+	// Backpressure: while the writer works, Write waits (up to stallTimeout)
+	// for room rather than dropping; it drops at once when the last write
+	// failed or the writer has been stuck in a write for stallTimeout.
+	failing   atomic.Bool
+	busySince atomic.Int64                  // UnixNano when the current write started; 0: none
+	room      atomic.Pointer[chan struct{}] // closed (and replaced) when the writer took lines
 
 	mu     sync.RWMutex // Write holds it shared while it enqueues; Close exclusively
 	closed bool
@@ -140,13 +150,17 @@ func OpenSink(o Options) (*Sink, error) {
 		reqs:  make(chan request),
 		done:  make(chan struct{}),
 	}
+	room := make(chan struct{})
+	s.room.Store(&room)
 	w := &writer{s: s, f: f, log: o.Logger.With("path", o.Path)}
 	go w.run()
 	return s, nil
 }
 
-// Write queues l and returns at once. When the queue is full (BufferLines or
-// BufferBytes) or the Sink is closed, l is dropped and counted. Lines that
+// Write queues l. When the queue is full (BufferLines or BufferBytes) it
+// waits for room while the writer is making progress, up to stallTimeout;
+// when the last write failed, the writer has been stuck in one write for
+// stallTimeout, or the Sink is closed, l is dropped and counted at once. Lines that
 // cannot be written (a full disk) are dropped and counted too. The next
 // successful write starts with a marker line, in the Sink's format:
 //
@@ -165,17 +179,45 @@ func (s *Sink) Write(l Line) {
 		s.dropped.Add(1)
 		return
 	}
-	if s.queuedBytes.Add(n) > int64(s.opts.BufferBytes) {
+	var timer *time.Timer
+	for {
+		room := s.room.Load()
+		if s.queuedBytes.Add(n) <= int64(s.opts.BufferBytes) {
+			select {
+			case s.lines <- l:
+				if timer != nil {
+					timer.Stop()
+				}
+				return
+			default:
+			}
+		}
 		s.queuedBytes.Add(-n)
-		s.drop()
-		return
+		if s.failing.Load() || s.stuck() {
+			s.drop()
+			return
+		}
+		if timer == nil {
+			timer = time.NewTimer(stallTimeout)
+		}
+		select {
+		case <-*room:
+		case <-timer.C:
+			s.drop()
+			return
+		case <-s.done:
+			s.drop()
+			return
+		}
 	}
-	select {
-	case s.lines <- l:
-	default:
-		s.queuedBytes.Add(-n)
-		s.drop()
-	}
+}
+
+// stallTimeout is how long Write waits for room while the writer works.
+const stallTimeout = 500 * time.Millisecond
+
+func (s *Sink) stuck() bool {
+	t := s.busySince.Load()
+	return t != 0 && time.Since(time.Unix(0, t)) > stallTimeout
 }
 
 func (s *Sink) drop() {

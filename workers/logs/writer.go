@@ -39,6 +39,7 @@ func (w *writer) run() {
 			w.add(l)
 			w.take(cap(w.s.lines)) // bounded, so requests are not starved
 			w.flush()
+			w.signalRoom()
 		case r := <-w.s.reqs:
 			if r.kind == reqClose {
 				r.reply <- w.close()
@@ -117,7 +118,10 @@ func (w *writer) flush() error {
 		w.head = append(w.head, w.buf...)
 		data = w.head
 	}
+	w.s.busySince.Store(time.Now().UnixNano())
 	n, err := w.f.Write(data)
+	w.s.busySince.Store(0)
+	w.s.failing.Store(err != nil)
 	w.buf = w.buf[:0]
 	if err == nil {
 		if w.werr != nil {
@@ -196,3 +200,9 @@ func (w *writer) close() error {
 
 // batchLines is how many lines close takes between looks at the clock.
 const batchLines = 1024
+
+// signalRoom wakes the Writes waiting for room in the queue.
+func (w *writer) signalRoom() {
+	room := make(chan struct{})
+	close(*w.s.room.Swap(&room))
+}
