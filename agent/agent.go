@@ -129,13 +129,25 @@ func Run(opts Options) error {
 	go func() { serveDone <- srv.Serve(ctl) }()
 
 	t0 := time.Now()
-	if err := a.startApps(); err != nil && upg.HasParent() {
-		a.log.Error("new agent: workers not ready; giving up so that the previous agent keeps serving", "error", err)
+	stopped, startErr := a.startWatchingSignals(sigs)
+	if stopped {
+		// SIGTERM, SIGINT or `deployd shutdown` while the workers started.
+		quitQuietly = upg.HasParent()
+		srv.Close()
+		a.closeAll()
+		if !quitQuietly {
+			a.removeSocketFiles()
+		}
+		a.log.Info("agent stopped during startup")
+		return nil
+	}
+	if startErr != nil && upg.HasParent() {
+		a.log.Error("new agent: workers not ready; giving up so that the previous agent keeps serving", "error", startErr)
 		quitQuietly = true
 		srv.Close()
 		a.stopApps()
 		a.closeAll()
-		return fmt.Errorf("upgrade abandoned: %w", err)
+		return fmt.Errorf("upgrade abandoned: %w", startErr)
 	}
 	a.log.Info("agent ready", "apps", len(cfg.AppNames), "startup", time.Since(t0).Round(time.Millisecond),
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
@@ -259,6 +271,36 @@ func (a *Agent) setup(cfg *config.Config) error {
 		a.apps[name] = rt
 	}
 	return a.afterSetup(cfg) // unused systemd sockets, metrics server
+}
+
+// startWatchingSignals runs startApps while still answering SIGTERM, SIGINT
+// and `deployd shutdown`: then it stops the workers (which ends the wait for
+// readiness at once) and reports stopped. SIGHUP is ignored until ready (a
+// handoff needs a ready agent); SIGUSR1 rotates logs as usual.
+func (a *Agent) startWatchingSignals(sigs <-chan os.Signal) (stopped bool, err error) {
+	done := make(chan error, 1)
+	go func() { done <- a.startApps() }()
+	for {
+		select {
+		case err := <-done:
+			return false, err
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGHUP:
+				a.log.Warn("SIGHUP ignored: the agent is still starting its workers")
+				continue
+			case syscall.SIGUSR1:
+				a.rotateLogs()
+				continue
+			}
+			a.log.Info("signal received during startup, stopping", "signal", sig)
+		case <-a.shutdown:
+			a.log.Info("shutdown requested during startup")
+		}
+		a.stopApps()
+		<-done
+		return true, nil
+	}
 }
 
 // startApps starts every app's workers in parallel and waits for readiness.

@@ -80,6 +80,19 @@ func TestNeverReadyWorkerStaysStarting(t *testing.T) {
 	if w := a.App("web").Workers; len(w) != 1 || w[0].State != "starting" {
 		t.Fatalf("a worker that never said READY=1 must stay starting, got %+v", w)
 	}
+	// The agent is still waiting for readiness (ready_timeout 10s): SIGTERM
+	// must still stop it at once.
+	t0 := time.Now()
+	a.Signal(syscall.SIGTERM)
+	select {
+	case <-a.Done():
+	case <-time.After(8 * time.Second):
+		t.Fatalf("agent still running 8s after SIGTERM during startup\n%s", a.Log())
+	}
+	if a.ExitCode() != 0 {
+		t.Errorf("exit code %d after SIGTERM during startup", a.ExitCode())
+	}
+	t.Logf("stopped %s after SIGTERM during startup", time.Since(t0).Round(time.Millisecond))
 }
 
 func TestCrashedWorkerIsReplacedInItsSlot(t *testing.T) {
