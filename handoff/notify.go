@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -83,15 +82,15 @@ func (s *NotifySocket) Serve(fn func(pid, uid int, msg Notify)) error {
 	buf := make([]byte, MaxNotifyMessage)
 	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
 	for {
-		n, oobn, _, _, err := s.conn.ReadMsgUnix(buf, oob)
+		n, oobn, flags, _, err := s.conn.ReadMsgUnix(buf, oob)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			if strings.Contains(err.Error(), "message too long") {
-				continue
-			}
 			return fmt.Errorf("notify socket: %w", err)
+		}
+		if flags&unix.MSG_TRUNC != 0 {
+			continue // over MaxNotifyMessage: dropped, as systemd does
 		}
 		pid, uid, ok := sender(oob[:oobn])
 		if !ok {
@@ -130,10 +129,17 @@ type IPCChannel struct {
 	Child  *os.File
 }
 
-// NewIPCChannel returns a connected unix stream socket pair.
+// NewIPCChannel returns a connected unix stream socket pair. The parent's
+// end is non-blocking (pollable, so Close ends a pending Read); the child's
+// end is blocking, as Node expects.
 func NewIPCChannel() (*IPCChannel, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
+		return nil, fmt.Errorf("node-ipc socketpair: %w", err)
+	}
+	if err := unix.SetNonblock(fds[1], false); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
 		return nil, fmt.Errorf("node-ipc socketpair: %w", err)
 	}
 	return &IPCChannel{

@@ -126,6 +126,8 @@ func withoutContractVars(env []string) []string {
 // RunShim is the shim's main: args are what follows ShimArg. It only returns
 // on failure, with the exit code to use (127: not found, 126: not executable).
 func RunShim(args []string) int {
+	// The CPU affinity set below belongs to this thread: exec from it.
+	runtime.LockOSThread()
 	if len(args) > 1 && args[0] == "--cpu" {
 		cpu, err := strconv.Atoi(args[1])
 		if err != nil {

@@ -47,6 +47,17 @@ func TestExtractRefusesEscapes(t *testing.T) {
 		{"hard link out", []*tar.Header{{Name: "h", Typeflag: tar.TypeLink, Linkname: "../x"}}, "outside the release"},
 		{"hard link to symlink", []*tar.Header{
 			{Name: "a/l", Typeflag: tar.TypeSymlink, Linkname: "../ok"}, {Name: "h", Typeflag: tar.TypeLink, Linkname: "a/l"}}, "not a regular file"},
+		{"link chain resolving outside", []*tar.Header{
+			{Name: "a/b/", Typeflag: tar.TypeDir, Mode: 0o755},
+			{Name: "a/b/l1", Typeflag: tar.TypeSymlink, Linkname: "../.."},
+			{Name: "evil", Typeflag: tar.TypeSymlink, Linkname: "a/b/l1/../../../victim"}}, "outside"},
+		{"shallow link climbed", []*tar.Header{
+			{Name: "d", Typeflag: tar.TypeSymlink, Linkname: "."},
+			{Name: "x", Typeflag: tar.TypeSymlink, Linkname: "d/d/d/../../.."}}, "outside"},
+		{"climb through a future link", []*tar.Header{
+			{Name: "x", Typeflag: tar.TypeSymlink, Linkname: "d/d/../.."},
+			{Name: "d", Typeflag: tar.TypeSymlink, Linkname: "."}}, "outside"},
+		{"reserved name", []*tar.Header{reg(".deployd-release.json")}, "reserved"},
 		{"device", []*tar.Header{{Name: "c", Typeflag: tar.TypeChar}}, "device"},
 		{"fifo", []*tar.Header{{Name: "f", Typeflag: tar.TypeFifo}}, "FIFO"},
 	} {

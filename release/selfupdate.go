@@ -27,6 +27,9 @@ type Binary struct {
 	Path    string
 	SHA256  []byte
 	Version string // what `BINARY version` printed
+	// data is what was verified; Swap installs exactly these bytes, so a
+	// file changed after the check cannot slip in.
+	data []byte
 }
 
 // CheckBinary verifies the file at path: a regular executable file, whose
@@ -66,11 +69,30 @@ func CheckBinary(path, wantSHA256, sigPath, publicKey string, probeTimeout time.
 			return nil, refuse("%v", err)
 		}
 	}
-	ver, err := probeVersion(path, probeTimeout)
+	ver, err := probeCopy(data, path, probeTimeout)
 	if err != nil {
 		return nil, refuse("%v", err)
 	}
-	return &Binary{Path: path, SHA256: sum[:], Version: ver}, nil
+	return &Binary{Path: path, SHA256: sum[:], Version: ver, data: data}, nil
+}
+
+// probeCopy runs `version` on a private copy of the verified bytes (not on
+// path, which its owner could change after the check).
+func probeCopy(data []byte, path string, timeout time.Duration) (string, error) {
+	dir, err := os.MkdirTemp("", "deployd-probe-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	exe := filepath.Join(dir, filepath.Base(path))
+	if err := os.WriteFile(exe, data, 0o700); err != nil {
+		return "", err
+	}
+	ver, err := probeVersion(exe, timeout)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return ver, nil
 }
 
 func verifySignature(data []byte, sigPath, publicKey string) error {
@@ -95,45 +117,63 @@ func probeVersion(path string, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, path, "version", "--socket", "/nonexistent/deployd-probe.sock")
-	cmd.Env = append(os.Environ(), "DEPLOYD_CONFIG=/nonexistent/deployd.toml")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DEPLOYD_CONFIG=/nonexistent/deployd.toml"}
+	cmd.WaitDelay = time.Second
 	out, err := cmd.Output()
 	if ctx.Err() != nil {
-		return "", fmt.Errorf("%s version did not answer within %s", path, timeout)
+		return "", fmt.Errorf("`version` did not answer within %s", timeout)
 	}
 	if err != nil {
-		return "", fmt.Errorf("%s version failed (%v); is it a deployd binary for this machine?", path, err)
+		return "", fmt.Errorf("`version` failed (%w); is it a deployd binary for this machine?", err)
 	}
 	first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	ver, ok := strings.CutPrefix(first, "deployd ")
 	if !ok || ver == "" {
-		return "", fmt.Errorf("%s version printed %q, not a deployd version", path, first)
+		return "", fmt.Errorf("`version` printed %q, not a deployd version", first)
 	}
 	return ver, nil
 }
 
-// Swap replaces the binary at target with b atomically (rename), keeping the
-// previous one at Backup(target) so that Restore can put it back.
+// Swap replaces the binary at target with b, keeping the previous one at
+// Backup(target) so that Restore can put it back. minio/selfupdate writes and
+// checks the new file beside target; it is fsynced, the old one is hard
+// linked to the backup, and one rename replaces target, so target always
+// names a complete binary, even across a crash.
 func Swap(b *Binary, target string) error {
-	f, err := os.Open(b.Path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	fi, err := os.Stat(target)
 	if err != nil {
 		return err
 	}
-	err = selfupdate.Apply(f, selfupdate.Options{
-		TargetPath: target, TargetMode: fi.Mode().Perm(), Checksum: b.SHA256, OldSavePath: Backup(target),
-	})
-	if rerr := selfupdate.RollbackError(err); rerr != nil {
-		return fmt.Errorf("swap %s: %v; rollback failed too: %v: restore %s by hand", target, err, rerr, Backup(target))
+	opts := selfupdate.Options{TargetPath: target, TargetMode: fi.Mode().Perm(), Checksum: b.SHA256}
+	if err := selfupdate.PrepareAndCheckBinary(bytes.NewReader(b.data), opts); err != nil {
+		return fmt.Errorf("swap %s: %w", target, err)
 	}
-	if err != nil {
+	newPath := filepath.Join(filepath.Dir(target), "."+filepath.Base(target)+".new")
+	if err := fsyncFile(newPath); err != nil {
+		os.Remove(newPath)
+		return fmt.Errorf("swap %s: %w", target, err)
+	}
+	backup := Backup(target)
+	_ = os.Remove(backup)
+	if err := os.Link(target, backup); err != nil {
+		os.Remove(newPath)
+		return fmt.Errorf("swap %s: keep a backup: %w", target, err)
+	}
+	if err := os.Rename(newPath, target); err != nil {
+		os.Remove(newPath)
 		return fmt.Errorf("swap %s: %w", target, err)
 	}
 	syncDir(filepath.Dir(target))
 	return nil
+}
+
+func fsyncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // Backup is where Swap keeps the previous binary.

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -114,7 +115,7 @@ func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error
 	}
 	rel := &Release{App: app, Version: version, InstalledAt: time.Now().UTC(), SHA256: sum, Size: size,
 		Kind: kind, Artifact: artifact, Path: dst}
-	if err := writeJSON(filepath.Join(tmp, metaFile), rel); err != nil {
+	if err := writeMeta(tmp, rel); err != nil {
 		return nil, err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
@@ -139,11 +140,16 @@ func (s *Store) tempDir(app string) (string, error) {
 }
 
 func unpack(artifact, kind, dst string) error {
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	switch kind {
 	case KindFile:
-		return copyFile(artifact, filepath.Join(dst, filepath.Base(artifact)))
+		return copyFile(root, artifact, filepath.Base(artifact))
 	case KindDir:
-		return copyTree(artifact, dst)
+		return copyTree(artifact, root)
 	default:
 		f, err := os.Open(artifact)
 		if err != nil {
@@ -277,10 +283,19 @@ func digest(path, kind string) (string, int64, error) {
 	return hex.EncodeToString(h.Sum(nil)), size, err
 }
 
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+// writeMeta records rel in dir; a file or link already there is refused.
+func writeMeta(dir string, rel *Release) error {
+	b, err := json.MarshalIndent(rel, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, metaFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return fmt.Errorf("record release: %w", err)
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return fmt.Errorf("record release: %w", err)
+	}
+	return f.Close()
 }

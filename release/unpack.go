@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // Limits of an extracted tarball.
@@ -20,15 +21,21 @@ const (
 )
 
 // Extract unpacks a gzip'd tar stream into dst (an existing, empty folder).
-// It refuses, before writing anything outside dst: absolute names, names
-// with "..", links (symbolic or hard) that point outside the release,
-// device files, FIFOs and sockets. Nothing is ever written outside dst.
+// It refuses absolute names, names with "..", links (symbolic or hard) that
+// resolve outside the release (following the links already extracted, as
+// the kernel would), device files, FIFOs and sockets. Every write goes
+// through an os.Root on dst, so nothing is ever written outside it.
 func Extract(r io.Reader, dst string) error {
 	gz, err := gzip.NewReader(r)
 	if err != nil {
 		return fmt.Errorf("not a .tar.gz: %w", err)
 	}
 	defer gz.Close()
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	tr := tar.NewReader(gz)
 	var total int64
 	for n := 0; ; n++ {
@@ -42,62 +49,64 @@ func Extract(r io.Reader, dst string) error {
 		if n >= maxEntries {
 			return fmt.Errorf("tarball has more than %d entries", maxEntries)
 		}
-		name, err := safeName(h.Name)
-		if err != nil {
-			return err
-		}
-		if name == "." {
-			continue
-		}
-		target := filepath.Join(dst, filepath.FromSlash(name))
-		if err := checkParents(dst, name); err != nil {
-			return err
-		}
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o755|fs.FileMode(h.Mode)&0o777); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			total += h.Size
-			if total > maxTotalSize {
+		if h.Typeflag == tar.TypeReg {
+			if total += h.Size; total > maxTotalSize {
 				return fmt.Errorf("tarball unpacks to more than %d bytes", int64(maxTotalSize))
 			}
-			if err := writeEntry(tr, target, fs.FileMode(h.Mode)&0o777); err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if err := checkLink(name, h.Linkname); err != nil {
-				return err
-			}
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-				return err
-			}
-			if err := os.Symlink(h.Linkname, target); err != nil {
-				return err
-			}
-		case tar.TypeLink:
-			ln, err := safeName(h.Linkname)
-			if err != nil || ln == "." {
-				return fmt.Errorf("tarball entry %q: hard link to %q outside the release", h.Name, h.Linkname)
-			}
-			if err := checkParents(dst, ln); err != nil {
-				return err
-			}
-			// A hard link to a symlink would move a relative target.
-			if fi, err := os.Lstat(filepath.Join(dst, filepath.FromSlash(ln))); err != nil || !fi.Mode().IsRegular() {
-				return fmt.Errorf("tarball entry %q: hard link to %q, which is not a regular file of the release", h.Name, h.Linkname)
-			}
-			if err := os.Link(filepath.Join(dst, filepath.FromSlash(ln)), target); err != nil {
-				return fmt.Errorf("tarball entry %q: %w", h.Name, err)
-			}
-		case tar.TypeXGlobalHeader, tar.TypeXHeader:
-			continue
-		default:
-			return fmt.Errorf("tarball entry %q is a device, FIFO or other special file (type %q); releases hold only files, folders and links",
-				h.Name, string(h.Typeflag))
+		}
+		if err := extractEntry(root, tr, h); err != nil {
+			return err
 		}
 	}
+}
+
+// extractEntry writes one tar entry under root.
+func extractEntry(root *os.Root, r io.Reader, h *tar.Header) error {
+	name, err := safeName(h.Name)
+	if err != nil || name == "." {
+		return err
+	}
+	if name == metaFile {
+		return fmt.Errorf("tarball entry %q: the name is reserved for deployd's record of the release", h.Name)
+	}
+	if err := checkParents(root, name); err != nil {
+		return err
+	}
+	mode := fs.FileMode(h.Mode) & 0o777
+	switch h.Typeflag {
+	case tar.TypeDir:
+		return root.MkdirAll(name, 0o755|mode)
+	case tar.TypeReg:
+		return writeEntry(root, r, name, mode)
+	case tar.TypeSymlink:
+		if err := checkLink(root, name, h.Linkname); err != nil {
+			return err
+		}
+		if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+			return err
+		}
+		return root.Symlink(h.Linkname, name)
+	case tar.TypeLink:
+		ln, err := safeName(h.Linkname)
+		if err != nil || ln == "." {
+			return fmt.Errorf("tarball entry %q: hard link to %q outside the release", h.Name, h.Linkname)
+		}
+		if err := checkParents(root, ln); err != nil {
+			return err
+		}
+		// A hard link to a symlink would move a relative target.
+		if fi, err := root.Lstat(ln); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("tarball entry %q: hard link to %q, which is not a regular file of the release", h.Name, h.Linkname)
+		}
+		if err := root.Link(ln, name); err != nil {
+			return fmt.Errorf("tarball entry %q: %w", h.Name, err)
+		}
+		return nil
+	case tar.TypeXGlobalHeader, tar.TypeXHeader:
+		return nil
+	}
+	return fmt.Errorf("tarball entry %q is a device, FIFO or other special file (type %q); releases hold only files, folders and links",
+		h.Name, string(h.Typeflag))
 }
 
 // safeName cleans a tar entry name; absolute names and ".." are refused.
@@ -119,29 +128,96 @@ func safeName(name string) (string, error) {
 	return path.Clean(name), nil
 }
 
-// checkLink refuses a symlink at name whose target leaves the release.
-func checkLink(name, target string) error {
+// maxLinkDepth bounds link-following in checkLink, as the kernel's ELOOP.
+const maxLinkDepth = 40
+
+// checkLink refuses a symlink at name whose target resolves outside the
+// release, following the links already in root the way the kernel would.
+// A ".." after a component that does not exist yet is refused too: a link
+// created there later could move it.
+func checkLink(root *os.Root, name, target string) error {
+	outside := fmt.Errorf("tarball entry %q: link to %q points outside the release", name, target)
 	if target == "" || path.IsAbs(target) {
-		return fmt.Errorf("tarball entry %q: link to %q points outside the release", name, target)
+		return outside
 	}
-	resolved := path.Join(path.Dir(name), target)
-	if resolved == ".." || strings.HasPrefix(resolved, "../") {
-		return fmt.Errorf("tarball entry %q: link to %q points outside the release", name, target)
+	var stack []string
+	if d := path.Dir(name); d != "." {
+		stack = strings.Split(d, "/")
+	}
+	if !resolveInside(root, stack, target, 0) {
+		return outside
 	}
 	return nil
 }
 
+// resolveInside walks target from the folder stack (components below the
+// root) and reports whether it stays inside.
+func resolveInside(root *os.Root, stack []string, target string, depth int) bool {
+	if depth > maxLinkDepth || path.IsAbs(target) {
+		return false
+	}
+	missing := false
+	for _, p := range strings.Split(target, "/") {
+		switch p {
+		case "", ".":
+			continue
+		case "..":
+			if len(stack) == 0 || missing {
+				return false
+			}
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		stack = append(stack, p)
+		if missing {
+			continue
+		}
+		cur := strings.Join(stack, "/")
+		fi, err := root.Lstat(cur)
+		if err != nil {
+			missing = true
+			continue
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			link, err := root.Readlink(cur)
+			if err != nil || !resolveInside(root, stack[:len(stack)-1], link, depth+1) {
+				return false
+			}
+			// Where the link leads is inside; go on from there textually
+			// (its own links were checked when it was made).
+			stack = resolvedStack(stack[:len(stack)-1], link)
+		}
+	}
+	return true
+}
+
+func resolvedStack(stack []string, link string) []string {
+	out := append([]string(nil), stack...)
+	for _, p := range strings.Split(link, "/") {
+		switch p {
+		case "", ".":
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+		default:
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // checkParents refuses an entry whose parent folders include a symlink, so
-// that a link entry cannot redirect later entries outside dst.
-func checkParents(dst, name string) error {
+// that a link entry cannot redirect later entries.
+func checkParents(root *os.Root, name string) error {
 	dir := path.Dir(name)
-	cur := dst
+	cur := ""
 	for _, part := range strings.Split(dir, "/") {
 		if part == "." || part == "" {
 			continue
 		}
-		cur = filepath.Join(cur, part)
-		fi, err := os.Lstat(cur)
+		cur = path.Join(cur, part)
+		fi, err := root.Lstat(cur)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
@@ -149,20 +225,21 @@ func checkParents(dst, name string) error {
 			return err
 		}
 		if fi.Mode()&fs.ModeSymlink != 0 {
-			return fmt.Errorf("tarball entry %q goes through the link %q; releases may not write through links", name, part)
+			return fmt.Errorf("tarball entry %q goes through the link %q; releases may not write through links", name, cur)
 		}
 	}
 	return nil
 }
 
-func writeEntry(r io.Reader, target string, mode fs.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+// writeEntry writes a regular file at name under root; never through a link.
+func writeEntry(root *os.Root, r io.Reader, name string, mode fs.FileMode) error {
+	if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
 		return err
 	}
-	if fi, err := os.Lstat(target); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-		return fmt.Errorf("tarball entry %s would write through a link", target)
+	if fi, err := root.Lstat(name); err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("tarball entry %s would replace a link or folder", name)
 	}
-	f, err := os.OpenFile(target, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode|0o400)
+	f, err := root.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|syscall.O_NOFOLLOW, mode|0o400)
 	if err != nil {
 		return err
 	}
@@ -173,7 +250,7 @@ func writeEntry(r io.Reader, target string, mode fs.FileMode) error {
 	return f.Close()
 }
 
-func copyFile(src, dst string) error {
+func copyFile(root *os.Root, src, name string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -183,11 +260,11 @@ func copyFile(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	return writeEntry(in, dst, fi.Mode().Perm())
+	return writeEntry(root, in, name, fi.Mode().Perm())
 }
 
 // copyTree copies a folder: files, folders and links that stay inside it.
-func copyTree(src, dst string) error {
+func copyTree(src string, root *os.Root) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -196,25 +273,28 @@ func copyTree(src, dst string) error {
 		if rel == "." {
 			return nil
 		}
-		target := filepath.Join(dst, rel)
+		name := filepath.ToSlash(rel)
+		if name == metaFile {
+			return fmt.Errorf("%s: the name %s is reserved for deployd's record of the release", p, metaFile)
+		}
 		info, err := d.Info()
 		if err != nil {
 			return err
 		}
 		switch {
 		case info.IsDir():
-			return os.MkdirAll(target, info.Mode().Perm()|0o700)
+			return root.MkdirAll(name, info.Mode().Perm()|0o700)
 		case info.Mode()&fs.ModeSymlink != 0:
 			link, err := os.Readlink(p)
 			if err != nil {
 				return err
 			}
-			if err := checkLink(filepath.ToSlash(rel), link); err != nil {
+			if err := checkLink(root, name, link); err != nil {
 				return err
 			}
-			return os.Symlink(link, target)
+			return root.Symlink(link, name)
 		case info.Mode().IsRegular():
-			return copyFile(p, target)
+			return copyFile(root, p, name)
 		}
 		return fmt.Errorf("%s is a device, FIFO or socket; releases hold only files, folders and links", p)
 	})

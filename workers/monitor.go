@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"slices"
 	"time"
 )
 
@@ -33,13 +34,14 @@ func (s *Supervisor) monitor() {
 		case <-t.C:
 		}
 		for _, c := range s.overLimit() {
-			s.replaceOne(c.sl, c.why)
+			s.replaceOne(c)
 		}
 	}
 }
 
 type overLimit struct {
 	sl  *slot
+	w   *Worker
 	why string
 }
 
@@ -66,7 +68,7 @@ func (s *Supervisor) overLimit() []overLimit {
 		}
 		if c.spec.MaxMemory > 0 {
 			if u := c.w.usage(s.fs); u.RSSBytes > c.spec.MaxMemory {
-				out = append(out, overLimit{c.sl, "max_memory"})
+				out = append(out, overLimit{c.sl, c.w, "max_memory"})
 				s.log.Warn("worker over max_memory; replacing it", "worker", c.sl.index, "pid", c.w.PID,
 					"rss", u.RSSBytes, "max_memory", c.spec.MaxMemory)
 				continue
@@ -80,7 +82,7 @@ func (s *Supervisor) overLimit() []overLimit {
 			}
 			c.w.mu.Unlock()
 			if now.Sub(last) > c.spec.Watchdog {
-				out = append(out, overLimit{c.sl, "watchdog"})
+				out = append(out, overLimit{c.sl, c.w, "watchdog"})
 				s.log.Warn("worker missed its watchdog; replacing it", "worker", c.sl.index, "pid", c.w.PID,
 					"silent_for", now.Sub(last).Round(time.Millisecond), "watchdog", c.spec.Watchdog)
 			}
@@ -91,14 +93,20 @@ func (s *Supervisor) overLimit() []overLimit {
 
 // replaceOne replaces sl's worker with a new one on the same spec, ready
 // first. Skipped when another operation runs (the next check retries).
-func (s *Supervisor) replaceOne(sl *slot, why string) {
+func (s *Supervisor) replaceOne(c overLimit) {
+	sl, why := c.sl, c.why
 	if !s.op.TryLock() {
 		return
 	}
 	defer s.op.Unlock()
+	// The slot may have gone (scale, stop) or changed worker since the check.
 	s.mu.Lock()
+	ok := !s.closed && s.state != AppStopped && slices.Contains(s.slots, sl) && sl.cur == c.w
 	spec := sl.spec
 	s.mu.Unlock()
+	if !ok {
+		return
+	}
 	if err := s.replaceGroup([]*slot{sl}, spec, s.emitter(nil), why); err != nil {
 		s.log.Error("replacement did not get ready; the old worker stays", "worker", sl.index, "reason", why, "error", err)
 		return

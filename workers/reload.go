@@ -63,7 +63,13 @@ func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event))
 		s.mu.Unlock()
 		return ErrCanceled
 	}
-	old := s.spec
+	if s.state == AppStopped {
+		// A stopped app stays stopped; it starts on spec later.
+		s.spec = spec
+		s.mu.Unlock()
+		return nil
+	}
+	old, prev := s.spec, s.state
 	s.spec = spec
 	s.state = AppReloading
 	slots := slices.Clone(s.slots)
@@ -73,12 +79,15 @@ func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event))
 	err := s.reload(slots, old, spec, strategy, emit)
 	s.ctr.reloaded(time.Since(start), err)
 	s.mu.Lock()
-	if err != nil {
-		s.spec = old
-	}
-	if !s.closed {
+	switch {
+	case s.closed:
+	case err != nil:
+		s.spec, s.state = old, prev
+	default:
 		s.state = AppRunning
-		s.crashes = nil
+		for _, sl := range s.slots {
+			sl.crashes = nil
+		}
 	}
 	s.mu.Unlock()
 	s.ensureMonitor()
@@ -106,8 +115,12 @@ func (s *Supervisor) reload(slots []*slot, old, spec *Spec, strategy Strategy, e
 	for i := 0; i < len(all); i += batch {
 		group := all[i:min(i+batch, len(all))]
 		if err := s.replaceGroup(group, spec, emit, ""); err != nil {
+			if errors.Is(err, ErrCanceled) {
+				return err // shutting down: no rollback
+			}
 			abandoned := abandon(err)
-			abandoned.RolledBack = s.rollback(done, old, emit)
+			kept := slices.DeleteFunc(slices.Clone(done), func(sl *slot) bool { return slices.Contains(added, sl) })
+			abandoned.RolledBack = s.rollback(kept, old, emit)
 			s.dropSlots(added)
 			return abandoned
 		}

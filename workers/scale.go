@@ -53,6 +53,7 @@ func (s *Supervisor) Scale(n int, progress func(Event)) error {
 		gone = slices.Clone(s.slots[n:])
 		s.slots = s.slots[:n]
 	}
+	prev := s.state
 	if s.state == AppStopped {
 		s.state = AppRunning
 	}
@@ -61,7 +62,7 @@ func (s *Supervisor) Scale(n int, progress func(Event)) error {
 		if err := s.replaceGroup(added, &spec, emit, "scale up"); err != nil {
 			s.dropSlots(added)
 			s.mu.Lock()
-			s.spec = old
+			s.spec, s.state = old, prev
 			s.mu.Unlock()
 			return fmt.Errorf("scale up: %w", err)
 		}

@@ -84,7 +84,6 @@ type Supervisor struct {
 	spec      *Spec
 	slots     []*slot
 	state     AppState
-	crashes   []time.Time
 	lastExit  string
 	lastLines []string
 	closing   chan struct{}
@@ -102,8 +101,12 @@ type slot struct {
 	cur     *Worker   // nil when none runs
 	extra   []*Worker // new workers not yet swapped in, old ones draining
 	backoff time.Duration
-	// restarts counts crash restarts of this slot.
+	// restarts counts crash restarts of this slot; crashes are the recent
+	// ones, within the restart window (max_restarts applies per slot, as
+	// PM2's does per process, so one event that kills every worker does not
+	// error the app).
 	restarts int
+	crashes  []time.Time
 	// replacements by the monitor.
 	memoryReplacements, watchdogReplacements int
 }
@@ -149,7 +152,6 @@ func (s *Supervisor) startAll(spec *Spec) error {
 		return ErrCanceled
 	}
 	s.state = AppStarting
-	s.crashes = nil
 	s.spec = spec
 	s.slots = make([]*slot, spec.Instances)
 	for i := range s.slots {
@@ -163,13 +165,23 @@ func (s *Supervisor) startAll(spec *Spec) error {
 	for _, sl := range slots {
 		w, err := s.spawnInto(sl, spec)
 		if err != nil {
+			// The crash policy retries it like a worker that exited at once.
 			errs = append(errs, fmt.Errorf("worker %d: %w", sl.index, err))
+			dw := deadWorker(sl.index, spec, err)
+			s.mu.Lock()
+			sl.cur = dw
+			s.mu.Unlock()
+			s.watch(sl, dw)
 			continue
 		}
 		started = append(started, w)
 	}
+	deadline := time.Now().Add(spec.ReadyTimeout)
 	for _, w := range started {
-		if err := waitReady(w, spec.ReadyTimeout, s.closing); err != nil {
+		if err := waitReady(w, time.Until(deadline), s.closing); err != nil {
+			if nr, ok := err.(*NotReadyError); ok && !nr.Exited {
+				nr.Timeout = spec.ReadyTimeout
+			}
 			errs = append(errs, err)
 		}
 	}
@@ -220,13 +232,13 @@ func (s *Supervisor) onExit(sl *slot, w *Worker) {
 	if now.Sub(w.Started) >= spec.Restart.StableAfter {
 		sl.backoff = spec.Restart.Backoff
 	}
-	s.crashes = append(s.crashes, now)
-	for len(s.crashes) > 0 && now.Sub(s.crashes[0]) > spec.Restart.Window {
-		s.crashes = s.crashes[1:]
+	sl.crashes = append(sl.crashes, now)
+	for len(sl.crashes) > 0 && now.Sub(sl.crashes[0]) > spec.Restart.Window {
+		sl.crashes = sl.crashes[1:]
 	}
-	if len(s.crashes) > spec.Restart.MaxRestarts {
+	if len(sl.crashes) > spec.Restart.MaxRestarts {
 		s.state = AppErrored
-		crashes, last := len(s.crashes), s.lastExit // guarded by mu
+		crashes, last := len(sl.crashes), s.lastExit // guarded by mu
 		s.mu.Unlock()
 		s.log.Error("app errored: too many crashes, not restarting; fix it and run `deployd restart`",
 			"crashes", crashes, "window", spec.Restart.Window, "last", last)
@@ -326,7 +338,7 @@ func (s *Supervisor) stopAll(state State) {
 		for _, w := range sl.extra {
 			vs = append(vs, victim{w, sl.spec})
 		}
-		sl.cur = nil
+		sl.cur, sl.extra = nil, nil
 	}
 	s.mu.Unlock()
 	var wg sync.WaitGroup

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"sync"
@@ -269,8 +270,12 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if spec.Ready.Mode == config.ReadyDelay {
 		go w.readyAfterDelay(spec.Ready.Delay)
 	}
+	pipes := []*os.File{outR, errR}
+	if ipc != nil {
+		pipes = append(pipes, ipc.Parent)
+	}
 	go func() {
-		w.wait(&readers)
+		w.wait(&readers, pipes)
 		notify.Close()
 		notifyDone.Wait()
 		w.finish()
@@ -278,13 +283,30 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	return w, nil
 }
 
+// outputGrace bounds the wait for a worker's output after it exited: a
+// descendant that left the process group (setsid, nohup) may hold the pipes
+// open for ever (as os/exec's Cmd.WaitDelay).
+const outputGrace = 2 * time.Second
+
 // wait reaps the process and drains its output.
-func (w *Worker) wait(readers *sync.WaitGroup) {
+func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 	st, err := w.proc.Wait()
 	// Output pipes may be held open by children the worker left behind;
 	// they die with the group, so the readers see EOF.
 	w.killGroup()
-	readers.Wait()
+	drained := make(chan struct{})
+	go func() { readers.Wait(); close(drained) }()
+	t := time.NewTimer(outputGrace)
+	select {
+	case <-drained:
+	case <-t.C:
+		// Closing the read ends ends the readers' blocked reads.
+		for _, p := range pipes {
+			p.Close()
+		}
+		<-drained
+	}
+	t.Stop()
 	w.mu.Lock()
 	w.exitState, w.exitErr = st, err
 	w.mu.Unlock()
@@ -325,6 +347,9 @@ func (w *Worker) readIPC(wg *sync.WaitGroup, f *os.File) {
 			w.markReady()
 		}
 	}
+	// A message over the limit stops the scanner: keep reading, so the
+	// app's next process.send does not fail.
+	_, _ = io.Copy(io.Discard, f)
 }
 
 func (w *Worker) readyAfterDelay(d time.Duration) {
@@ -359,14 +384,31 @@ func (w *Worker) onNotify(msg handoff.Notify) {
 
 // waitReady waits until w is ready, exits, or timeout passes.
 func waitReady(w *Worker, timeout time.Duration, cancel <-chan struct{}) error {
-	t := time.NewTimer(timeout)
+	isReady := func() bool {
+		select {
+		case <-w.ready:
+			return true
+		default:
+			return false
+		}
+	}
+	if isReady() {
+		return nil
+	}
+	t := time.NewTimer(max(timeout, 0))
 	defer t.Stop()
 	select {
 	case <-w.ready:
 		return nil
 	case <-w.exited:
+		if isReady() {
+			return nil // ready, then exited: the caller's watch restarts it
+		}
 		return &NotReadyError{Worker: w, Exited: true}
 	case <-t.C:
+		if isReady() {
+			return nil
+		}
 		return &NotReadyError{Worker: w, Timeout: timeout}
 	case <-cancel:
 		return ErrCanceled

@@ -17,6 +17,7 @@
 package graceful
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"net"
@@ -104,8 +105,21 @@ func (w *closeOnDrain) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-// Unwrap lets http.ResponseController reach the underlying writer (Flush).
+// Unwrap lets http.ResponseController reach the underlying writer.
 func (w *closeOnDrain) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush keeps streaming answers (SSE) working through the wrapper.
+func (w *closeOnDrain) Flush() {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Hijack keeps websocket upgrades working through the wrapper.
+func (w *closeOnDrain) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
 
 // Serve serves every listener in the background.
 func (s *Server) Serve(ls []net.Listener) {
