@@ -1,0 +1,244 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// deploydSystem runs the app under a deployd agent of its own, one worker per core.
+type deploydSystem struct {
+	b     *bench
+	label string
+	app   appSpec
+
+	p      int
+	dir    string
+	config string
+	socket string
+	agent  *proc
+	client *api.Client
+}
+
+func (s *deploydSystem) name() string    { return s.label }
+func (s *deploydSystem) port() int       { return s.p }
+func (s *deploydSystem) managerPID() int { return s.agent.pid() }
+
+func (s *deploydSystem) workerPIDs() []int {
+	st, err := s.client.Status(context.Background(), "web")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, a := range st.Apps {
+		for _, w := range a.Workers {
+			pids = append(pids, w.PID)
+		}
+	}
+	return pids
+}
+
+func (s *deploydSystem) writeConfig(version string) error {
+	var cmd, ready string
+	if s.app.kind == "go" {
+		cmd, ready = fmt.Sprintf("%q", s.b.testapp), "notify"
+	} else {
+		cmd, ready = fmt.Sprintf("%q, %q", s.b.node, s.b.appJS), "node-ipc"
+	}
+	var env []string
+	for _, kv := range s.app.env(version) {
+		k, v, _ := strings.Cut(kv, "=")
+		env = append(env, fmt.Sprintf("%s = %q", k, v))
+	}
+	body := fmt.Sprintf(`[agent]
+socket = %q
+state_dir = "state"
+log_dir = "logs"
+
+[apps.web]
+command = [%s]
+instances = %d
+listen = ["tcp://127.0.0.1:%d"]
+ready = %q
+ready_timeout = "60s"
+stop_timeout = "30s"
+env = { %s }
+`, s.socket, cmd, s.app.instances, s.p, ready, strings.Join(env, ", "))
+	return os.WriteFile(s.config, []byte(body), 0o644)
+}
+
+func (s *deploydSystem) start(ctx context.Context) error {
+	var err error
+	if s.p, err = freePort(); err != nil {
+		return err
+	}
+	if s.dir, err = os.MkdirTemp(s.b.dir, s.label+"-"); err != nil {
+		return err
+	}
+	s.config = filepath.Join(s.dir, "deployd.toml")
+	s.socket = filepath.Join(s.dir, "deployd.sock")
+	s.client = api.NewClient(s.socket)
+	if err := s.writeConfig("v1"); err != nil {
+		return err
+	}
+	cmd := exec.Command(s.b.deployd, "agent", "-c", s.config, "--log-level", "info")
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=")
+	if s.agent, err = startProc(s.label+"-agent", cmd, filepath.Join(s.dir, "agent.log"), false); err != nil {
+		return err
+	}
+	return s.waitReady(ctx, 60*time.Second+s.app.startupDelay*2)
+}
+
+// waitReady polls the agent until every worker is ready.
+func (s *deploydSystem) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := s.client.Status(ctx, "web")
+		if err == nil && allReady(st, s.app.instances) {
+			for _, w := range st.Apps[0].Workers {
+				trackPID(w.PID, s.label+" worker")
+			}
+			return nil
+		}
+		if s.agent.exited() {
+			return fmt.Errorf("%s: agent exited: %v (see %s)", s.label, s.agent.err, filepath.Join(s.dir, "agent.log"))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: workers not ready within %v (last: %v)", s.label, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func allReady(st *api.Status, n int) bool {
+	if len(st.Apps) != 1 || len(st.Apps[0].Workers) != n {
+		return false
+	}
+	for _, w := range st.Apps[0].Workers {
+		if w.State != "ready" {
+			return false
+		}
+	}
+	return true
+}
+
+// cli runs the deployd CLI against this agent.
+func (s *deploydSystem) cli(ctx context.Context, timeout time.Duration, args ...string) ([]byte, error) {
+	return runCmd(ctx, timeout, []string{"DEPLOYD_SOCKET=" + s.socket, "DEPLOYD_CONFIG=" + s.config},
+		s.b.deployd, args...)
+}
+
+// reload is `deployd reload web` after writing the config with the new version.
+func (s *deploydSystem) reload(ctx context.Context, version string) error {
+	if err := s.writeConfig(version); err != nil {
+		return err
+	}
+	out, err := s.cli(ctx, 5*time.Minute, "reload", "web")
+	if err != nil {
+		return fmt.Errorf("deployd reload: %w\n%s", err, out)
+	}
+	st, err := s.client.Status(ctx, "web")
+	if err != nil {
+		return err
+	}
+	for _, w := range st.Apps[0].Workers {
+		trackPID(w.PID, s.label+" worker")
+	}
+	return nil
+}
+
+// status is `deployd status --json`.
+func (s *deploydSystem) status(ctx context.Context) (*api.Status, error) {
+	out, err := s.cli(ctx, 10*time.Second, "status", "--json", "web")
+	if err != nil {
+		return nil, fmt.Errorf("deployd status: %w\n%s", err, out)
+	}
+	var st api.Status
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("deployd status --json: %w", err)
+	}
+	return &st, nil
+}
+
+func (s *deploydSystem) slots(ctx context.Context) (map[int]int, error) {
+	st, err := s.status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := map[int]int{}
+	for _, w := range st.Apps[0].Workers {
+		m[w.Slot] = w.PID
+	}
+	return m, nil
+}
+
+// waitReplaced polls `deployd status --json` until slot has a new ready worker.
+func (s *deploydSystem) waitReplaced(ctx context.Context, slot, old int) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := s.status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, w := range st.Apps[0].Workers {
+			if w.Slot == slot && w.PID != old && w.PID != 0 && w.State == "ready" {
+				trackPID(w.PID, s.label+" worker")
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("%s: slot %d not replaced within 60s", s.label, slot)
+}
+
+// stop is SIGTERM to the agent, which drains its workers; anything left is killed.
+func (s *deploydSystem) stop() error {
+	if s.agent == nil {
+		return nil
+	}
+	pids := s.workerPIDs()
+	err := s.agent.stop(syscall.SIGTERM, 60*time.Second)
+	for _, pid := range pids {
+		if alive(pid) {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			if err == nil {
+				err = fmt.Errorf("%s: worker %d outlived the agent", s.label, pid)
+			}
+		}
+	}
+	return err
+}
+
+// runCmd runs a short command with extra env, bounded by timeout; its process group is
+// killed when the time is up or ctx ends. It returns stdout (stderr too on failure).
+func runCmd(ctx context.Context, timeout time.Duration, env []string, name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return append(out.Bytes(), errb.Bytes()...), err
+	}
+	return out.Bytes(), nil
+}
