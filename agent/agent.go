@@ -55,11 +55,13 @@ type Agent struct {
 	cfg        *config.Config
 	apps       map[string]*appRT
 	listeners  map[string]*handoff.Listener // by handoff.Key
+	pending    map[string]int               // listeners pinned by operations in flight
 	generation int
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
-	upgrading    sync.Mutex // held while an upgrade runs
+	upgrading    sync.Mutex     // held while an upgrade runs
+	upgWG        sync.WaitGroup // SIGHUP upgrades in flight
 
 	state    *stateFile
 	releases *release.Store
@@ -97,7 +99,7 @@ func Run(opts Options) error {
 	}
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
-	quitQuietly := false
+	quitQuietly := upg.HasParent()
 	defer func() {
 		if !quitQuietly {
 			upg.Stop()
@@ -155,6 +157,8 @@ func Run(opts Options) error {
 	sdNotify("READY=1\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if err := upg.Ready(); err != nil {
 		a.log.Error("tell the previous agent we are ready", "error", err)
+	} else {
+		quitQuietly = false
 	}
 	a.startStatusUpdates()
 	if opts.Ready != nil {
@@ -168,7 +172,11 @@ loop:
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
-				go a.upgradeAsync()
+				a.upgWG.Add(1)
+				go func() {
+					defer a.upgWG.Done()
+					a.upgradeAsync()
+				}()
 			case syscall.SIGUSR1:
 				a.rotateLogs()
 			default:
@@ -190,18 +198,27 @@ loop:
 	a.stopStatusUpdates()
 	if !handedOff {
 		sdNotify("STOPPING=1")
+		// Stop listening on the control socket at once (tableflip holds a
+		// copy) and cancel an upgrade in flight.
+		upg.Stop()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = srv.Shutdown(ctx)
 	cancel()
+	a.upgWG.Wait()
 	a.stopApps()
 	a.closeAll()
-	if !handedOff {
-		a.removeSocketFiles()
+	if handedOff {
+		a.log.Info("agent stopped after handing off")
+		return ErrHandedOff
 	}
+	a.removeSocketFiles()
 	a.log.Info("agent stopped")
 	return nil
 }
+
+// ErrHandedOff is returned by Run when a new agent took over (upgrade).
+var ErrHandedOff = errors.New("agent: handed off to a new agent")
 
 // requestShutdown makes Run stop. Safe to call many times.
 func (a *Agent) requestShutdown() {
@@ -224,6 +241,9 @@ func (a *Agent) listenControl(cfg *config.Config) (net.Listener, error) {
 			c.Close()
 			return nil, fmt.Errorf("control socket %s: another deployd agent is running there; "+
 				"stop it (`deployd shutdown`) or set [agent] socket to another path", path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("control socket %s: %w; another agent may own it: check, then remove the file", path, err)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("control socket %s: remove stale socket: %w", path, err)

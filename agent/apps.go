@@ -84,6 +84,17 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 	return rt, nil
 }
 
+// pin marks ls as in use by an operation in flight (so that another app's
+// reload does not close them); unpin undoes it. Called with a.mu held.
+func (a *Agent) pin(ls []*handoff.Listener, delta int) {
+	if a.pending == nil {
+		a.pending = map[string]int{}
+	}
+	for _, l := range ls {
+		a.pending[l.Key()] += delta
+	}
+}
+
 // acquireListeners returns the listeners of app, reusing the agent's open
 // ones. A new one that cannot be opened fails the whole call; listeners it
 // opened are kept in a.listeners (a later call reuses them).
@@ -115,7 +126,8 @@ func (a *Agent) acquireListeners(app *config.App) ([]*handoff.Listener, error) {
 	return out, nil
 }
 
-// closeUnusedListeners closes listeners no app uses any more.
+// closeUnusedListeners closes listeners no app uses any more, nor a reload
+// in flight (a.pending). Called with a.mu held.
 func (a *Agent) closeUnusedListeners() {
 	used := map[string]bool{}
 	for _, rt := range a.apps {
@@ -123,9 +135,17 @@ func (a *Agent) closeUnusedListeners() {
 			used[l.Key()] = true
 		}
 	}
+	for key, n := range a.pending {
+		if n > 0 {
+			used[key] = true
+		}
+	}
 	for key, l := range a.listeners {
 		if !used[key] {
 			a.log.Info("closing listener no app uses", "address", l.Address)
+			// shutdown(2) acts on the socket itself, so the copy tableflip
+			// keeps for a handoff stops listening too.
+			l.Shutdown()
 			l.Close()
 			if l.Network == "unix" {
 				_ = os.Remove(l.Address)

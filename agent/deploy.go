@@ -29,6 +29,9 @@ func (a *Agent) releaseApp(w http.ResponseWriter, name string) *appRT {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(
 			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
 		return nil
+	case a.state.get(name).Stopped:
+		writeError(w, http.StatusConflict, fmt.Sprintf("%s is stopped (deployd stop); run `deployd start %s` first", name, name))
+		return nil
 	case !rt.busy.TryLock():
 		writeError(w, http.StatusConflict, busyMessage(name))
 		return nil
@@ -66,17 +69,17 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 	}
 	defer rt.busy.Unlock()
 	t := time.Now()
-	existed := false
-	if _, err := a.releases.Get(req.App, req.Version); req.Version != "" && err == nil {
-		existed = true
-	}
 	rel, err := a.releases.Install(req.App, req.Artifact, req.Version, req.SHA256)
-	if err != nil {
+	if errors.Is(err, release.ErrBadArtifact) {
 		writeError(w, http.StatusUnprocessableEntity, "deploy refused, nothing changed: "+err.Error())
 		return
 	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "deploy failed, nothing changed: "+err.Error())
+		return
+	}
 	if err := checkReleaseCommand(rt, rel); err != nil {
-		if !existed {
+		if rel.Created {
 			os.RemoveAll(rel.Path)
 		}
 		writeError(w, http.StatusUnprocessableEntity, "deploy refused, nothing changed: "+err.Error())
@@ -204,6 +207,11 @@ func (a *Agent) handleReleases(w http.ResponseWriter, r *http.Request) {
 	a.mu.Unlock()
 	if rt == nil {
 		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
+		return
+	}
+	if !rt.cfg.Releases {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(
+			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
 		return
 	}
 	rels, err := a.releases.List(name)

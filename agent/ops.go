@@ -104,9 +104,9 @@ func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {
 	defer rt.busy.Unlock()
 	st := newStream(w)
 	t := time.Now()
-	err := a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
+	err := rt.sup.Pause()
 	if err == nil {
-		err = rt.sup.Pause()
+		err = a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
 	}
 	if err == nil {
 		a.log.Info("app stopped", "app", rt.name)
@@ -126,16 +126,15 @@ func (a *Agent) handleStartApp(w http.ResponseWriter, r *http.Request) {
 	defer rt.busy.Unlock()
 	st := newStream(w)
 	t := time.Now()
-	err := a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
+	a.mu.Lock()
+	a.generation++
+	spec, err := a.specFor(rt.cfg, rt.listeners, a.generation, a.state.get(rt.name).Current)
+	a.mu.Unlock()
 	if err == nil {
-		a.mu.Lock()
-		a.generation++
-		spec, serr := a.specFor(rt.cfg, rt.listeners, a.generation, a.state.get(rt.name).Current)
-		a.mu.Unlock()
-		err = serr
-		if err == nil {
-			err = rt.sup.Restart(spec)
-		}
+		err = rt.sup.Restart(spec)
+	}
+	if err == nil {
+		err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
 	}
 	finishOp(st, rt.name, t, err)
 }

@@ -36,7 +36,7 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "the config is invalid; nothing was changed:\n"+err.Error())
 		return
 	}
-	names := req.Apps
+	names := slices.Compact(slices.Sorted(slices.Values(req.Apps)))
 	all := len(names) == 0
 	if all {
 		names = cfg.AppNames
@@ -113,9 +113,16 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
 		return res
 	}
+	a.pin(ls, 1)
 	a.generation++
 	spec, err := a.specFor(app, ls, a.generation, a.state.get(app.Name).Current)
 	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.pin(ls, -1)
+		a.closeUnusedListeners() // also those a failed reload opened
+		a.mu.Unlock()
+	}()
 	if err != nil {
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
 		return res
@@ -127,12 +134,11 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 	case err == nil:
 		a.mu.Lock()
 		rt.cfg, rt.listeners = app, ls
-		a.closeUnusedListeners()
 		a.mu.Unlock()
 	case errors.Is(err, workers.ErrBusy):
 		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)
 	case errors.As(err, &ab):
-		res.Outcome, res.Error = api.OutcomeAbandoned, err.Error()
+		res.Outcome, res.Error = api.OutcomeAbandoned, ab.Reason.Error()+"; previous version still serving"
 		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
 	default:
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()

@@ -221,9 +221,9 @@ func (a *Agent) handleRestart(w http.ResponseWriter, r *http.Request) {
 	st := newStream(w)
 	t := time.Now()
 	res := api.AppResult{App: req.App, Outcome: api.OutcomeDone, Release: rt.sup.Spec().Release}
-	err := a.state.update(req.App, func(s *AppState) { s.Stopped = false })
+	err := rt.sup.Restart(nil)
 	if err == nil {
-		err = rt.sup.Restart(nil)
+		err = a.state.update(req.App, func(s *AppState) { s.Stopped = false })
 	}
 	if err != nil {
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()

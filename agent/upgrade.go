@@ -42,6 +42,9 @@ func (a *Agent) upgrade(ctx context.Context, req api.UpgradeRequest) (*api.Upgra
 			return nil, fmt.Errorf("the previous agent is still draining its workers after upgrade_timeout %s; try again later",
 				a.Config().Agent.UpgradeTimeout)
 		}
+		if err != nil {
+			return nil, fmt.Errorf("wait for the previous agent to exit: %w", err)
+		}
 	}
 	if _, err := config.Load(a.Config().Path); err != nil {
 		return nil, &badRequest{fmt.Errorf("the config on disk is invalid, so a new agent could not start; fix it first:\n%w", err)}
@@ -78,7 +81,8 @@ func (a *Agent) upgrade(ctx context.Context, req api.UpgradeRequest) (*api.Upgra
 	return res, nil
 }
 
-// badRequest marks an error as the caller's (HTTP 400, CLI exit 2 or 1).
+// badRequest marks an error as the caller's (HTTP 422; the CLI exits 1, as
+// for every refused upgrade).
 type badRequest struct{ err error }
 
 func (e *badRequest) Error() string { return e.err.Error() }

@@ -63,7 +63,14 @@ func agentCommand() *cli.Command {
 }
 
 func runAgent(opts agent.Options) error {
-	err := agent.Run(opts)
+	return agentError(agent.Run(opts))
+}
+
+// agentError maps agent.Run's outcome to an exit code.
+func agentError(err error) error {
+	if errors.Is(err, agent.ErrHandedOff) {
+		return nil
+	}
 	var se *agent.SetupError
 	if errors.As(err, &se) {
 		return fail(ExitUsage, "%v", se.Err)
@@ -128,6 +135,7 @@ func demoCommand() *cli.Command {
 }
 
 func runDemo(c *cli.Context) error {
+	handedOff := false
 	log, err := newLogger(c)
 	if err != nil {
 		return err
@@ -136,12 +144,21 @@ func runDemo(c *cli.Context) error {
 	if err != nil {
 		return fail(ExitFailed, "find own binary: %v", err)
 	}
-	dir := c.String("dir")
+	// An agent that took over from a demo agent (deployd upgrade, SIGHUP)
+	// finds the demo's folder in the environment it inherited.
+	dir, reused := c.String("dir"), false
 	if dir == "" {
-		if dir, err = os.MkdirTemp("", "deployd-demo-"); err != nil {
+		if dir = os.Getenv(demoDirEnv); dir != "" {
+			reused = true
+		} else if dir, err = os.MkdirTemp("", "deployd-demo-"); err != nil {
 			return fail(ExitFailed, "%v", err)
 		}
-		defer os.RemoveAll(dir)
+		os.Setenv(demoDirEnv, dir)
+		defer func() {
+			if !handedOff {
+				os.RemoveAll(dir)
+			}
+		}()
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fail(ExitFailed, "demo folder: %v", err)
@@ -165,20 +182,31 @@ ready     = "notify"
 ready_timeout = "10s"
 stop_timeout  = "10s"
 `, sock, self, c.String("instances"), c.String("listen"))
-	if err := os.WriteFile(cfgPath, []byte(body), 0o644); err != nil {
-		return fail(ExitFailed, "write demo config: %v", err)
+	if _, err := os.Stat(cfgPath); err != nil || !reused {
+		if err := os.WriteFile(cfgPath, []byte(body), 0o644); err != nil {
+			return fail(ExitFailed, "write demo config: %v", err)
+		}
 	}
-	return runAgent(agent.Options{ConfigPath: cfgPath, Logger: log, Ready: func(a *agent.Agent) {
+	hint := ""
+	if c.String("socket") != "" {
+		hint = " --socket " + sock
+	}
+	err = agent.Run(agent.Options{ConfigPath: cfgPath, Logger: log, Ready: func(a *agent.Agent) {
 		n := a.Config().Apps["hello"].Instances
 		fmt.Fprintf(c.App.Writer, `
 deployd demo is serving http://%[1]s/ with %[2]d workers (config: %[3]s).
 Try, in another terminal:
-  curl http://%[1]s/                  # answered by one of the workers
-  deployd status                      # workers, pids, CPU, memory
-  deployd reload                      # rolling reload: new pids, zero failed requests
-  kill -9 <a worker pid>; deployd status   # the worker is restarted
-Stop with Ctrl-C (or deployd shutdown).
+  curl http://%[1]s/       # answered by one of the workers
+  deployd status%[4]s      # workers, pids, CPU, memory
+  deployd reload%[4]s      # rolling reload: new pids, zero failed requests
+  kill -9 <a worker pid>; deployd status%[4]s   # the worker is restarted
+Stop with Ctrl-C (or deployd shutdown%[4]s).
 
-`, c.String("listen"), n, cfgPath)
+`, c.String("listen"), n, cfgPath, hint)
 	}})
+	handedOff = errors.Is(err, agent.ErrHandedOff)
+	return agentError(err)
 }
+
+// demoDirEnv passes the demo's folder to an agent that takes over.
+const demoDirEnv = "DEPLOYD_DEMO_DIR"

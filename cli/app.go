@@ -8,9 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"path/filepath"
 	"strings"
 
+	"github.com/BurntSushi/toml"
 	"github.com/urfave/cli/v2"
 
 	"github.com/deployd/deployd/agent/api"
@@ -56,10 +57,16 @@ func exitCodeOf(err error) int {
 	var ee *exitError
 	var ue *api.UnreachableError
 	var se *api.StatusError
+	var te *api.TransportError
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
 	case errors.As(err, &ue):
+		return ExitUnreachable
+	case errors.As(err, &te):
+		if te.Midway {
+			return ExitFailed
+		}
 		return ExitUnreachable
 	case errors.As(err, &se):
 		if se.IsUsage() {
@@ -71,7 +78,7 @@ func exitCodeOf(err error) int {
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:    "deployd",
 		Usage:   "zero-downtime deploy agent: per-core workers behind inherited sockets",
 		Version: version.String(),
@@ -87,13 +94,22 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		HideVersion:            true,
 		UseShortOptionHandling: true,
 		ExitErrHandler:         func(*cli.Context, error) {},
-		OnUsageError: func(c *cli.Context, err error, _ bool) error {
-			return fail(ExitUsage, "%v (see `deployd %s --help`)", err, c.Command.Name)
-		},
+		OnUsageError:           usageError,
 		Commands: []*cli.Command{
 			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(), logsCommand(),
 			scaleCommand(), stopCommand(), startCommand(), deployCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), demoWorkerCommand(),
 		},
+	}
+	setUsageError(app.Commands)
+	return app
+}
+
+// setUsageError makes every command report a bad flag on stderr with exit 2
+// (by default urfave/cli prints the whole help to stdout).
+func setUsageError(cmds []*cli.Command) {
+	for _, c := range cmds {
+		c.OnUsageError = usageError
+		setUsageError(c.Subcommands)
 	}
 }
 
@@ -114,8 +130,18 @@ func clientFlags(extra ...cli.Flag) []cli.Flag {
 	return append([]cli.Flag{socketFlag, configFlag}, extra...)
 }
 
+// usageError reports a bad flag or argument with where to get help.
+func usageError(c *cli.Context, err error, _ bool) error {
+	if c.Command == nil || c.Command.Name == "" {
+		return fail(ExitUsage, "%v (see `deployd --help`; flags go after the command, e.g. deployd status --socket PATH)", err)
+	}
+	return fail(ExitUsage, "%v (see `deployd %s --help`)", err, c.Command.Name)
+}
+
 // socketPath finds the control socket: --socket, $DEPLOYD_SOCKET, the
-// config's [agent] socket, else the default.
+// config's [agent] socket, else the default. A config that does not load
+// as a whole (the CLI's host may lack an app's binary) still names its
+// socket.
 func socketPath(c *cli.Context) string {
 	if s := c.String("socket"); s != "" {
 		return s
@@ -123,6 +149,20 @@ func socketPath(c *cli.Context) string {
 	path := config.Find(c.String("config"))
 	if cfg, err := config.Load(path); err == nil {
 		return cfg.Agent.Socket
+	}
+	var doc struct {
+		Agent struct {
+			Socket string `toml:"socket"`
+		} `toml:"agent"`
+	}
+	if _, err := toml.DecodeFile(path, &doc); err == nil && doc.Agent.Socket != "" {
+		s := doc.Agent.Socket
+		if !filepath.IsAbs(s) {
+			if abs, err := filepath.Abs(path); err == nil {
+				s = filepath.Join(filepath.Dir(abs), s)
+			}
+		}
+		return s
 	}
 	return config.DefaultSocket()
 }
@@ -144,13 +184,6 @@ func exactArgs(c *cli.Context, n int, usage string) error {
 		return fail(ExitUsage, "usage: deployd %s %s", c.Command.Name, usage)
 	}
 	return nil
-}
-
-func init() {
-	cli.VersionPrinter = func(c *cli.Context) {
-		fmt.Fprintln(c.App.Writer, "deployd", version.String())
-	}
-	_ = os.Stdout
 }
 
 // interspersed moves flags that follow positional arguments in front of

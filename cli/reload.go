@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -132,7 +135,11 @@ func printSummary(w io.Writer, verb string, res *api.Result) {
 		d := time.Duration(a.DurationSeconds * float64(time.Second)).Round(time.Millisecond)
 		switch a.Outcome {
 		case api.OutcomeDone:
-			fmt.Fprintf(w, "%s: %s done in %s, release %s\n", a.App, verb, d, a.Release)
+			if a.Release != "" {
+				fmt.Fprintf(w, "%s: %s done in %s, release %s\n", a.App, verb, d, a.Release)
+			} else {
+				fmt.Fprintf(w, "%s: %s done in %s\n", a.App, verb, d)
+			}
 		default:
 			fmt.Fprintf(w, "%s: %s %s after %s: %s\n", a.App, verb, a.Outcome, d, a.Error)
 			if a.ExitStatus != "" {
@@ -152,13 +159,34 @@ func shutdownCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "shutdown",
 		Usage: "stop every worker gracefully and stop the agent",
-		Flags: clientFlags(),
+		Description: "Waits until the agent has stopped its workers and exited (so that a new\n" +
+			"`deployd agent` can start right after), up to --timeout.",
+		Flags: clientFlags(
+			&cli.DurationFlag{Name: "timeout", Value: 2 * time.Minute, Usage: "wait at most `D` for the agent to exit"},
+			&cli.BoolFlag{Name: "no-wait", Usage: "return once the agent has the request"}),
 		Action: func(c *cli.Context) error {
-			if err := client(c).Shutdown(ctx(c)); err != nil {
+			cl := client(c)
+			v, _ := cl.Version(ctx(c))
+			if err := cl.Shutdown(ctx(c)); err != nil {
 				return err
 			}
-			fmt.Fprintln(c.App.ErrWriter, "agent is stopping its workers and will exit")
-			return nil
+			if c.Bool("no-wait") {
+				fmt.Fprintln(c.App.ErrWriter, "agent is stopping its workers and will exit")
+				return nil
+			}
+			if v == nil {
+				fmt.Fprintln(c.App.ErrWriter, "agent is stopping its workers and will exit")
+				return nil
+			}
+			deadline := time.Now().Add(c.Duration("timeout"))
+			for time.Now().Before(deadline) {
+				if processGone(v.PID) {
+					fmt.Fprintf(c.App.ErrWriter, "agent (pid %d) stopped\n", v.PID)
+					return nil
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			return fail(ExitFailed, "the agent (pid %d) is still stopping after %s; its workers may be slow to drain", v.PID, c.Duration("timeout"))
 		},
 	}
 }
@@ -199,4 +227,17 @@ func demoWorkerCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// processGone reports whether pid has exited (or is a zombie).
+func processGone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i > 0 && i+2 < len(b) && b[i+2] == 'Z'
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -48,18 +49,21 @@ func upgradeCommand() *cli.Command {
 					*p.dst = abs
 				}
 			}
-			if req.SHA256 != "" && req.Binary == "" {
-				return fail(ExitUsage, "--sha256 needs --binary")
+			if (req.SHA256 != "" || req.Signature != "") && req.Binary == "" {
+				return fail(ExitUsage, "--sha256 and --signature need --binary")
 			}
 			cl := client(c)
 			res, err := cl.Upgrade(ctx(c), req)
-			if se, ok := err.(*api.StatusError); ok {
+			var se *api.StatusError
+			if errors.As(err, &se) {
 				return fail(ExitFailed, "%s", se.Message)
 			}
 			if err != nil {
 				return err
 			}
-			res.NewPID = waitNewAgent(ctx(c), cl, res.OldPID)
+			if v := waitNewAgent(ctx(c), cl, res.OldPID); v != nil {
+				res.NewPID, res.NewVersion = v.PID, v.Version
+			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(res)
 			}
@@ -71,19 +75,19 @@ func upgradeCommand() *cli.Command {
 }
 
 // waitNewAgent waits until the control socket is answered by an agent other
-// than oldPID (the old one stops serving it while it drains) and returns its
-// pid, or 0 after 30 s.
-func waitNewAgent(cx context.Context, cl *api.Client, oldPID int) int {
+// than oldPID (the old one stops serving it while it drains) and returns
+// its version, or nil after 30 s.
+func waitNewAgent(cx context.Context, cl *api.Client, oldPID int) *api.VersionInfo {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if v, err := cl.Version(cx); err == nil && v.PID != oldPID {
-			return v.PID
+			return v
 		}
 		select {
 		case <-cx.Done():
-			return 0
+			return nil
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return 0
+	return nil
 }

@@ -62,6 +62,15 @@ func (l *Listener) LocalAddr() (string, error) {
 	return "", fmt.Errorf("getsockname: unexpected address %T", sa)
 }
 
+// Shutdown stops the socket listening for every process that holds it
+// (shutdown(2) acts on the socket, not on one descriptor): for a listener no
+// worker uses any more, whose copies (e.g. tableflip's) would keep it bound.
+func (l *Listener) Shutdown() {
+	if l.file != nil {
+		_ = unix.Shutdown(int(l.fd), unix.SHUT_RDWR)
+	}
+}
+
 // Close closes the agent's copy. Workers keep theirs. Safe to call twice.
 func (l *Listener) Close() error {
 	if l.file == nil {

@@ -114,6 +114,7 @@ func TestOtherUIDIsRefused(t *testing.T) {
 		t.Skip("needs root to run a client as nobody")
 	}
 	a := StartAgent(t, bins, appConfig("web", FreePort(t), 1, ""))
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
 	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
 	// The socket is 0600: the kernel refuses nobody.
 	r := a.CLIAs(nobody, "status", "--socket", a.Socket)
@@ -139,6 +140,7 @@ func TestOtherUIDIsRefused(t *testing.T) {
 
 func TestControlAPIRejectsBadRequests(t *testing.T) {
 	a := StartAgent(t, bins, appConfig("web", FreePort(t), 1, ""))
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
 	raw := func(method, path, body string) (int, string) {
 		c, err := net.Dial("unix", a.Socket)
 		if err != nil {

@@ -44,8 +44,10 @@ type Release struct {
 	Size        int64     `json:"size"`
 	Kind        string    `json:"kind"`
 	Artifact    string    `json:"artifact"` // where it was installed from
-	// Path is the release folder (not stored).
-	Path string `json:"-"`
+	// Path is the release folder; Created is set by the Install that
+	// created it (neither is stored).
+	Path    string `json:"-"`
+	Created bool   `json:"-"`
 }
 
 // Store keeps releases under Dir/APP/VERSION. Not safe for concurrent
@@ -122,6 +124,7 @@ func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error
 		return nil, fmt.Errorf("install %s: %w", dst, err)
 	}
 	syncDir(filepath.Dir(dst))
+	rel.Created = true
 	return rel, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"syscall"
 	"time"
 )
 
@@ -36,9 +37,14 @@ func NewClient(socket string) *Client {
 type UnreachableError struct {
 	Socket string
 	Err    error
+	Denied bool // the socket's permissions refused this user
 }
 
 func (e *UnreachableError) Error() string {
+	if e.Denied {
+		return fmt.Sprintf("permission denied on the agent's socket %s: run as the agent's user or root, "+
+			"or set [agent] socket_group and join that group", e.Socket)
+	}
 	return fmt.Sprintf("cannot reach the deployd agent at %s: %v (is `deployd agent` running? "+
 		"pass --socket or set DEPLOYD_SOCKET if it uses another socket)", e.Socket, e.Err)
 }
@@ -80,9 +86,12 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	if err != nil {
 		var ne *net.OpError
 		if errors.As(err, &ne) && ne.Op == "dial" {
+			if errors.Is(ne.Err, syscall.EACCES) {
+				return nil, &UnreachableError{Socket: c.Socket, Err: ne.Err, Denied: true}
+			}
 			return nil, &UnreachableError{Socket: c.Socket, Err: ne.Err}
 		}
-		return nil, fmt.Errorf("agent at %s: %w", c.Socket, err)
+		return nil, &TransportError{Socket: c.Socket, Err: err}
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
@@ -167,10 +176,27 @@ func (c *Client) Stream(ctx context.Context, path string, body any, onEvent func
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("agent answer: %w", err)
+		return nil, &TransportError{Socket: c.Socket, Err: err, Midway: true}
 	}
-	return nil, errors.New("agent closed the connection before the result (did it stop?)")
+	return nil, &TransportError{Socket: c.Socket, Err: errors.New("connection closed before the result"), Midway: true}
 }
+
+// TransportError is a failure talking to an agent that was reached: the
+// connection broke, or the agent stopped in the middle of an answer.
+type TransportError struct {
+	Socket string
+	Err    error
+	Midway bool // the operation had started
+}
+
+func (e *TransportError) Error() string {
+	if e.Midway {
+		return fmt.Sprintf("the agent at %s stopped answering during the operation (%v); did it stop or crash? check `deployd status`", e.Socket, e.Err)
+	}
+	return fmt.Sprintf("the agent at %s did not answer (%v); is it stopping? try again, or check `deployd status`", e.Socket, e.Err)
+}
+
+func (e *TransportError) Unwrap() error { return e.Err }
 
 // WaitReady polls the agent until it answers or timeout passes.
 func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
