@@ -29,6 +29,28 @@ type appRT struct {
 	// busy is held by the operation that replaces workers (reload, deploy,
 	// rollback, restart, scale): a second one is refused at once.
 	busy sync.Mutex
+
+	mu sync.Mutex // guards cfg and listeners, which a reload replaces
+}
+
+// config returns the app's current config.
+func (rt *appRT) config() *config.App {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.cfg
+}
+
+// lis returns the app's current listeners.
+func (rt *appRT) lis() []*handoff.Listener {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.listeners
+}
+
+func (rt *appRT) set(app *config.App, ls []*handoff.Listener) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.cfg, rt.listeners = app, ls
 }
 
 func (rt *appRT) closeLogs() {
@@ -131,7 +153,7 @@ func (a *Agent) acquireListeners(app *config.App) ([]*handoff.Listener, error) {
 func (a *Agent) closeUnusedListeners() {
 	used := map[string]bool{}
 	for _, rt := range a.apps {
-		for _, l := range rt.listeners {
+		for _, l := range rt.lis() {
 			used[l.Key()] = true
 		}
 	}

@@ -25,7 +25,7 @@ func (a *Agent) releaseApp(w http.ResponseWriter, name string) *appRT {
 	case rt == nil:
 		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
 		return nil
-	case !rt.cfg.Releases:
+	case !rt.config().Releases:
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(
 			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
 		return nil
@@ -94,14 +94,14 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 
 // checkReleaseCommand makes sure the app's command exists in the release.
 func checkReleaseCommand(rt *appRT, rel *release.Release) error {
-	argv := releaseArgv(rt.cfg.Command, rel.Path)
+	argv := releaseArgv(rt.config().Command, rel.Path)
 	if !filepath.IsAbs(argv[0]) {
 		return nil // a command looked up in PATH
 	}
 	fi, err := os.Stat(argv[0])
 	if err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
 		return fmt.Errorf("release %s has no executable %s (the app's command); the artifact must contain it",
-			rel.Version, rt.cfg.Command[0])
+			rel.Version, rt.config().Command[0])
 	}
 	return nil
 }
@@ -117,7 +117,7 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 	}
 	a.mu.Lock()
 	a.generation++
-	spec, err := a.specFor(rt.cfg, rt.listeners, a.generation, version)
+	spec, err := a.specFor(rt.config(), rt.lis(), a.generation, version)
 	a.mu.Unlock()
 	if err == nil {
 		err = rt.sup.Reload(spec, strategy, emit)
@@ -152,7 +152,7 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 		a.log.Error("write state", "app", rt.name, "error", err)
 	}
 	cur := a.state.get(rt.name)
-	if removed, err := a.releases.Prune(rt.name, rt.cfg.KeepReleases, cur.Current, cur.Previous); err != nil {
+	if removed, err := a.releases.Prune(rt.name, rt.config().KeepReleases, cur.Current, cur.Previous); err != nil {
 		a.log.Warn("prune releases", "app", rt.name, "error", err)
 	} else if len(removed) > 0 {
 		a.log.Info("pruned old releases", "app", rt.name, "versions", removed)
@@ -209,7 +209,7 @@ func (a *Agent) handleReleases(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
 		return
 	}
-	if !rt.cfg.Releases {
+	if !rt.config().Releases {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(
 			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
 		return

@@ -76,7 +76,7 @@ func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if rt.cfg.Releases && a.state.get(rt.name).Current == "" {
+	if rt.config().Releases && a.state.get(rt.name).Current == "" {
 		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s has no release yet; deploy one first", rt.name))
 		return
 	}
@@ -128,7 +128,7 @@ func (a *Agent) handleStartApp(w http.ResponseWriter, r *http.Request) {
 	t := time.Now()
 	a.mu.Lock()
 	a.generation++
-	spec, err := a.specFor(rt.cfg, rt.listeners, a.generation, a.state.get(rt.name).Current)
+	spec, err := a.specFor(rt.config(), rt.lis(), a.generation, a.state.get(rt.name).Current)
 	a.mu.Unlock()
 	if err == nil {
 		err = rt.sup.Restart(spec)

@@ -36,6 +36,10 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "the config is invalid; nothing was changed:\n"+err.Error())
 		return
 	}
+	// [agent] settings (socket, state_dir, log_dir, ...) are read at agent
+	// start; a reload applies the apps only.
+	agentChanged := cfg.Agent != a.Config().Agent
+	cfg.Agent = a.Config().Agent
 	names := slices.Compact(slices.Sorted(slices.Values(req.Apps)))
 	all := len(names) == 0
 	if all {
@@ -48,6 +52,11 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	st := newStream(w)
+	if agentChanged {
+		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
+		st.event(workers.Event{Time: time.Now(), App: "agent", Type: "notice",
+			Message: "[agent] settings changed; they take effect at the next agent start or `deployd upgrade`"})
+	}
 	results := a.reloadApps(cfg, names, strategy, st.event)
 	if all {
 		results = append(results, a.removeApps(cfg, st.event)...)
@@ -133,7 +142,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 	switch {
 	case err == nil:
 		a.mu.Lock()
-		rt.cfg, rt.listeners = app, ls
+		rt.set(app, ls)
 		a.mu.Unlock()
 	case errors.Is(err, workers.ErrBusy):
 		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)

@@ -155,13 +155,13 @@ func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
 func appStatus(rt *appRT) api.App {
 	s := rt.sup.Status()
 	state := string(s.State)
-	if rt.cfg.Releases && s.Release == "" && len(s.Workers) == 0 {
+	if rt.config().Releases && s.Release == "" && len(s.Workers) == 0 {
 		state = "no release"
 	}
 	app := api.App{Name: rt.name, State: state, Release: s.Release, Instances: s.Instances,
 		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Workers: []api.Worker{},
 		DroppedLogLines: droppedLogLines(rt)}
-	for _, l := range rt.cfg.Listen {
+	for _, l := range rt.config().Listen {
 		app.Listen = append(app.Listen, l.URL)
 	}
 	for _, w := range s.Workers {
