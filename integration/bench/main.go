@@ -40,10 +40,11 @@ type bench struct {
 	pm2, pm2Prefix, pm2Skip string // pm2 == "": PM2 rows skipped, pm2Skip says why
 	pm2Version, nodeVersion string
 
-	instances, repeats, reloads, clients, freshClients int
-	duration, slice, warmup, slowStart, quietWait      time.Duration
-	quietBusy                                          float64
-	loadCPUs                                           []int
+	instances, repeats, slowRepeats, reloads      int
+	clients, freshClients                         int
+	duration, slice, warmup, slowStart, quietWait time.Duration
+	quietBusy                                     float64
+	loadCPUs                                      []int
 
 	started          time.Time
 	machine, command string
@@ -60,54 +61,78 @@ func main() {
 	os.Exit(run())
 }
 
-func run() int {
+// options are the flags that are not part of the bench itself.
+type options struct {
+	deploydBin, pm2Prefix, out string
+	noPM2, keep                bool
+	phases                     []string
+}
+
+// parseFlags reads the command line; a non-zero code means exit with it.
+func parseFlags() (*bench, options, int) {
 	quick := flag.Bool("quick", false, "a short run for development: 1 repeat, 2s loads, 2 reloads per run")
 	repeats := flag.Int("repeats", 3, "repeats of every measurement (systems alternate within each)")
 	duration := flag.Duration("duration", 5*time.Second, "load per system and endpoint in each repeat of the throughput runs")
 	sliceLen := flag.Duration("slice", time.Second, "the throughput load alternates between the systems in slices this long")
-	warmup := flag.Duration("warmup", time.Second, "warm-up load before each throughput measurement")
+	warmup := flag.Duration("warmup", 2*time.Second, "warm-up load per system and endpoint before the throughput slices")
 	reloads := flag.Int("reloads", 5, "reloads per reload run")
 	clients := flag.Int("clients", 32, "keep-alive clients of the load generator")
 	fresh := flag.Int("fresh-clients", 4, "clients opening a new connection per request, during reloads")
 	instances := flag.Int("instances", runtime.NumCPU(), "workers per app (default: one per core)")
 	slowStart := flag.Duration("slow-start", 4*time.Second, "startup time of the slow app in the reload runs")
+	slowRepeats := flag.Int("slow-repeats", 2, "repeats of the reload runs with the slow app (each takes ~2 min)")
 	loadCPUs := flag.String("loadgen-cpus", "", "pin the load generator to these CPUs, e.g. \"1\" (default: not pinned)")
-	pm2Prefix := flag.String("pm2-prefix", "", "use pm2 already installed under this npm prefix instead of installing it")
-	deploydBin := flag.String("deployd", "", "use this deployd binary instead of building ./cmd/deployd")
-	noPM2 := flag.Bool("no-pm2", false, "skip the PM2 rows")
 	quietWait := flag.Duration("quiet-wait", 15*time.Second,
 		"before each measurement, wait up to this long until other jobs use less than -quiet-busy CPU (0: don't)")
 	quietBusy := flag.Float64("quiet-busy", 25, "CPU % (of one core) the rest of the machine may use for it to count as quiet")
+	var o options
+	flag.StringVar(&o.pm2Prefix, "pm2-prefix", "", "use pm2 already installed under this npm prefix instead of installing it")
+	flag.StringVar(&o.deploydBin, "deployd", "", "use this deployd binary instead of building ./cmd/deployd")
+	flag.BoolVar(&o.noPM2, "no-pm2", false, "skip the PM2 rows")
 	only := flag.String("only", "throughput,crash,reload", "phases to run, comma-separated")
-	out := flag.String("out", "", "also write the Markdown report to this file")
-	keep := flag.Bool("keep", false, "keep the temporary folder (logs) at the end")
+	flag.StringVar(&o.out, "out", "", "also write the Markdown report to this file")
+	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (logs) at the end")
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *quick {
-		for name, v := range map[string]string{"repeats": "1", "duration": "2s", "warmup": "500ms", "reloads": "2", "quiet-wait": "0"} {
+		for name, v := range map[string]string{"repeats": "1", "duration": "2s", "warmup": "500ms", "reloads": "2",
+			"quiet-wait": "0", "slow-repeats": "1"} {
 			if !set[name] {
 				_ = flag.Set(name, v)
 			}
 		}
 	}
-
-	b := &bench{instances: *instances, repeats: *repeats, reloads: *reloads, clients: *clients, freshClients: *fresh,
-		duration: *duration, slice: *sliceLen, warmup: *warmup, slowStart: *slowStart, quietWait: *quietWait, quietBusy: *quietBusy,
-		started: time.Now(),
-		command: "go run ./integration/bench " + strings.Join(os.Args[1:], " ")}
-	b.command = strings.TrimSpace(b.command)
+	b := &bench{instances: *instances, repeats: *repeats, slowRepeats: min(*slowRepeats, *repeats), reloads: *reloads,
+		clients: *clients, freshClients: *fresh, duration: *duration, slice: *sliceLen, warmup: *warmup,
+		slowStart: *slowStart, quietWait: *quietWait, quietBusy: *quietBusy, started: time.Now(),
+		command: strings.TrimSpace("go run ./integration/bench " + strings.Join(os.Args[1:], " "))}
 	for _, c := range strings.Split(*loadCPUs, ",") {
 		if c = strings.TrimSpace(c); c != "" {
 			n, err := strconv.Atoi(c)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "bench: -loadgen-cpus %q: %v\n", *loadCPUs, err)
-				return 2
+				return nil, o, 2
 			}
 			b.loadCPUs = append(b.loadCPUs, n)
 		}
 	}
+	for _, p := range strings.Split(*only, ",") {
+		p = strings.TrimSpace(p)
+		if p != "throughput" && p != "crash" && p != "reload" {
+			fmt.Fprintf(os.Stderr, "bench: -only: unknown phase %q (throughput, crash, reload)\n", p)
+			return nil, o, 2
+		}
+		o.phases = append(o.phases, p)
+	}
+	return b, o, 0
+}
 
+func run() int {
+	b, o, code := parseFlags()
+	if code != 0 {
+		return code
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	dir, err := os.MkdirTemp("", "deployd-bench-")
@@ -118,14 +143,13 @@ func run() int {
 	b.dir = dir
 	defer func() {
 		b.cleanup()
-		if *keep {
+		if o.keep {
 			fmt.Fprintf(os.Stderr, "bench: logs kept in %s\n", dir)
 		} else {
 			os.RemoveAll(dir)
 		}
 	}()
-
-	if err := b.setup(ctx, *deploydBin, *pm2Prefix, *noPM2); err != nil {
+	if err := b.setup(ctx, o.deploydBin, o.pm2Prefix, o.noPM2); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: setup: %v\n", err)
 		return 1
 	}
@@ -133,26 +157,21 @@ func run() int {
 		"throughput": b.throughput, "crash": b.crashRecovery, "reload": b.reloadsUnderLoad,
 	}
 	var runErr error
-	for _, name := range strings.Split(*only, ",") {
-		f, ok := phases[strings.TrimSpace(name)]
-		if !ok {
-			fmt.Fprintf(os.Stderr, "bench: unknown phase %q\n", name)
-			return 2
-		}
-		if runErr = f(ctx); runErr != nil {
+	for _, name := range o.phases {
+		if runErr = phases[name](ctx); runErr != nil {
 			break
 		}
 	}
 	if runErr != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v (logs in %s)\n", runErr, dir)
-		*keep = true
+		o.keep = true
 		if ctx.Err() != nil {
 			return 130
 		}
 	}
 	w := io.Writer(os.Stdout)
-	if *out != "" {
-		f, err := os.Create(*out)
+	if o.out != "" {
+		f, err := os.Create(o.out)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 			return 1
@@ -259,8 +278,8 @@ func parseKB(r io.Reader, key string) (int64, error) {
 
 func (b *bench) loadWhere() string {
 	if len(b.loadCPUs) == 0 {
-		return "in-process Go generator (integration/loadgen, every response checked) in a child process, " +
-			"not pinned: it shares the cores with the servers"
+		return "integration/loadgen (Go, HDR histogram, every response checked) in a child process of the harness, " +
+			"not pinned: it shares the cores with the servers and needs about one of them at hello rates"
 	}
 	return fmt.Sprintf("integration/loadgen in a child process pinned to CPU %v (servers are not pinned)", b.loadCPUs)
 }

@@ -77,8 +77,10 @@ func (s *pm2System) pm2(ctx context.Context, timeout time.Duration, args ...stri
 	return runPM2(ctx, s.b.pm2, s.home, timeout, args...)
 }
 
+// runPM2 runs the pm2 CLI with PM2_HOME=home. PM2_DISABLE_VERSION_CHECK and the "touch"
+// file startPM2Home writes keep pm2 from asking version.pm2.io over the network.
 func runPM2(ctx context.Context, bin, home string, timeout time.Duration, args ...string) ([]byte, error) {
-	return runCmd(ctx, timeout, []string{"PM2_HOME=" + home}, bin, args...)
+	return runCmd(ctx, timeout, []string{"PM2_HOME=" + home, "PM2_DISABLE_VERSION_CHECK=true"}, bin, args...)
 }
 
 func (s *pm2System) writeEcosystem(version string) error {
@@ -114,6 +116,11 @@ func (s *pm2System) start(ctx context.Context) error {
 		return err
 	}
 	s.b.addPM2Home(s.home)
+	// Without PM2_HOME/touch, the first pm2 command of a new home reports an "install"
+	// to version.pm2.io (lib/Client.js); the benchmark stays on loopback.
+	if err := os.WriteFile(filepath.Join(s.home, "touch"), []byte(strconv.FormatInt(time.Now().UnixMilli(), 10)), 0o644); err != nil {
+		return err
+	}
 	s.eco = filepath.Join(s.home, "ecosystem.config.js")
 	if err := s.writeEcosystem("v1"); err != nil {
 		return err
@@ -299,7 +306,7 @@ func startPM2Poller(b *bench, home string) (*pm2Poller, error) {
 		return nil, err
 	}
 	cmd := exec.Command(b.node, script, filepath.Join(b.pm2Prefix, "node_modules", "pm2"))
-	cmd.Env = append(os.Environ(), "PM2_HOME="+home)
+	cmd.Env = append(os.Environ(), "PM2_HOME="+home, "PM2_DISABLE_VERSION_CHECK=true")
 	stdin, err := cmd.StdinPipe() // closed by close: the poller exits at EOF
 	if err != nil {
 		return nil, err

@@ -11,20 +11,40 @@ const mib = 1 << 20
 
 // report writes the results as Markdown.
 func (b *bench) report(w io.Writer) {
-	r := &b.res
+	b.reportSettings(w)
+	b.reportThroughput(w)
+	b.reportReloads(w)
+	b.reportCost(w)
+	b.reportCrash(w)
+	b.goals(w)
+	if len(b.res.notes) > 0 {
+		fmt.Fprintf(w, "Notes from the run (distinct failure messages and anomalies):\n\n")
+		for _, n := range b.res.notes {
+			fmt.Fprintf(w, "- %s\n", n)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+func (b *bench) reportSettings(w io.Writer) {
 	fmt.Fprintf(w, "Measured %s on %s. Command: `%s`.\n\n", b.started.UTC().Format("2006-01-02 15:04 MST"), b.machine, b.command)
-	fmt.Fprintf(w, "Settings: %d repeats; throughput: all systems up at once, %v of load per system and endpoint in each repeat, "+
-		"given in %v slices round-robin over the systems (order rotated every round) after %v of warm-up each, "+
-		"a repeat's figure = the median over its slices; %d keep-alive clients; "+
-		"reloads: %d per run under %d keep-alive + %d new-connection-per-request clients; workers per app: %d; "+
-		"load generator: %s; before each throughput endpoint and each reload or crash run, up to %v of waiting for the rest of the machine to be under %.0f%% of a core. "+
-		"Values are min – median – max over repeats unless marked.\n\n",
-		b.repeats, b.duration, b.slice, b.warmup, b.clients, b.reloads, b.clients, b.freshClients, b.instances, b.loadWhere(),
-		b.quietWait, b.quietBusy)
+	fmt.Fprintf(w, "Settings (values are min – median – max over repeats unless marked):\n\n")
+	fmt.Fprintf(w, "- %d repeats; %d workers per app (one per core); load: %d keep-alive clients, every response checked.\n",
+		b.repeats, b.instances, b.clients)
+	fmt.Fprintf(w, "- Throughput: in each repeat all systems run at once (idle when not measured); each gets %v of warm-up "+
+		"per endpoint, then %v of load in %v slices, round-robin over the systems with the order rotated every round; "+
+		"a repeat's figure is the median over its slices.\n", b.warmup, b.duration, b.slice)
+	fmt.Fprintf(w, "- Reloads: %d per run under the %d keep-alive clients plus %d clients opening a new connection per request; "+
+		"the %v-startup runs are repeated %d times.\n", b.reloads, b.clients, b.freshClients, b.slowStart, b.slowRepeats)
+	fmt.Fprintf(w, "- Load generator: %s.\n", b.loadWhere())
+	fmt.Fprintf(w, "- Before each throughput endpoint and each reload or crash run the harness waits up to %v for the rest "+
+		"of the machine to use less than %.0f%% of a core.\n\n", b.quietWait, b.quietBusy)
 	if b.pm2 == "" {
 		fmt.Fprintf(w, "**PM2 rows skipped: %s.**\n\n", b.pm2Skip)
 	}
+}
 
+func (b *bench) reportThroughput(w io.Writer) {
 	nodeSys := []string{sysNode1, sysFloor, sysPM2, sysDeployd}
 	for _, ep := range []string{"hello", "cpu"} {
 		scn := "throughput " + ep
@@ -39,7 +59,10 @@ func (b *bench) report(w io.Writer) {
 	fmt.Fprintf(w, "### Throughput and latency, Go test app, `GET /`\n\n")
 	b.throughputTable(w, "throughput hello", []string{sysGo1, sysDeploydGo})
 	b.ratioLines(w, "throughput hello", [][2]string{{sysDeploydGo, sysGo1}, {sysDeploydGo, sysDeployd}})
+}
 
+func (b *bench) reportReloads(w io.Writer) {
+	r := &b.res
 	fmt.Fprintf(w, "### Reloads under load (%d reloads per run)\n\n", b.reloads)
 	t := &table{head: []string{"app startup", "system", "failed requests, total (per run)", "of which connect errors",
 		"requests", "p99 ms keep-alive", "p99 ms new conn.", "max ms", "one reload, s"}}
@@ -79,9 +102,12 @@ func (b *bench) report(w io.Writer) {
 			mmm(r.ratio(scn, sysDeployd, "reload_s", scn, sysPM2, "reload_s"), "%.2f"))
 	}
 	fmt.Fprintln(w, t)
+}
 
+func (b *bench) reportCost(w io.Writer) {
+	r := &b.res
 	fmt.Fprintf(w, "### Cost of the manager (same %d Node workers)\n\n", b.instances)
-	t = &table{head: []string{"manager", "RSS idle, MiB", "RSS under hello load, MiB", "CPU % of a core, hello load",
+	t := &table{head: []string{"manager", "RSS idle, MiB", "RSS under hello load, MiB", "CPU % of a core, hello load",
 		"CPU %, cpu load", "workers' RSS, MiB (hello)"}}
 	for _, s := range []struct{ sys, name string }{{sysDeployd, "deployd agent"}, {sysPM2, "PM2 daemon (God, cluster primary)"}, {sysDeploydGo, "deployd agent (Go workers)"}} {
 		if len(r.vals("cost", s.sys, "idle_rss")) == 0 {
@@ -97,9 +123,12 @@ func (b *bench) report(w io.Writer) {
 	fmt.Fprintf(w, "deployd agent RSS / PM2 daemon RSS under hello load: %s (idle: %s).\n\n",
 		mmm(r.ratio("throughput hello", sysDeployd, "manager_rss", "throughput hello", sysPM2, "manager_rss"), "%.2f"),
 		mmm(r.ratio("cost", sysDeployd, "idle_rss", "cost", sysPM2, "idle_rss"), "%.2f"))
+}
 
+func (b *bench) reportCrash(w io.Writer) {
+	r := &b.res
 	fmt.Fprintf(w, "### Crash recovery (SIGKILL of a worker → replacement ready)\n\n")
-	t = &table{head: []string{"system", "samples", "ms, min – median – max", "how it was observed"}}
+	t := &table{head: []string{"system", "samples", "ms, min – median – max", "how it was observed"}}
 	t.row(sysDeployd, fmt.Sprint(len(r.vals("crash", sysDeployd, "recovery"))), mmm(r.vals("crash", sysDeployd, "recovery"), "%.0f"),
 		"`deployd status --json` polled back to back (slot has a new pid in state ready)")
 	if b.pm2 != "" {
@@ -110,15 +139,6 @@ func (b *bench) report(w io.Writer) {
 	if vs := r.ratio("crash", sysDeployd, "recovery", "crash", sysPM2, "recovery"); len(vs) > 0 {
 		fmt.Fprintf(w, "deployd / pm2 (per-repeat medians): %s. deployd waits its first restart backoff "+
 			"(100 ms ± 20 %%) before it starts the new worker; PM2's restart_delay is 0.\n\n", mmm(vs, "%.2f"))
-	}
-
-	b.goals(w)
-	if len(r.notes) > 0 {
-		fmt.Fprintf(w, "Notes from the run (distinct failure messages and anomalies):\n\n")
-		for _, n := range r.notes {
-			fmt.Fprintf(w, "- %s\n", n)
-		}
-		fmt.Fprintln(w)
 	}
 }
 

@@ -124,6 +124,9 @@ func (b *bench) crashRecovery(ctx context.Context) error {
 func (b *bench) reloadsUnderLoad(ctx context.Context) error {
 	for rep := range b.repeats {
 		for _, delay := range []time.Duration{0, b.slowStart} {
+			if delay > 0 && rep >= b.slowRepeats {
+				continue
+			}
 			b.logf("reloads under load, startup %v, repeat %d/%d", delay, rep+1, b.repeats)
 			app := appSpec{kind: "node", instances: b.instances, startupDelay: delay}
 			ss := []reloader{&deploydSystem{b: b, label: sysDeployd, app: app}}
