@@ -92,7 +92,9 @@ func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
 	finishOp(st, rt.name, t, err)
 }
 
-func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {
+// runAppOp decodes an AppRequest, holds the app's busy lock, runs op with
+// the progress stream, and streams the result.
+func (a *Agent) runAppOp(w http.ResponseWriter, r *http.Request, op func(rt *appRT, st *stream) error) {
 	var req api.AppRequest
 	if !decode(w, r, &req) {
 		return
@@ -104,37 +106,34 @@ func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {
 	defer rt.busy.Unlock()
 	st := newStream(w)
 	t := time.Now()
-	err := rt.sup.Pause()
-	if err == nil {
-		err = a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
-	}
-	if err == nil {
-		a.log.Info("app stopped", "app", rt.name)
-	}
-	finishOp(st, rt.name, t, err)
+	finishOp(st, rt.name, t, op(rt, st))
+}
+
+func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {
+	a.runAppOp(w, r, func(rt *appRT, _ *stream) error {
+		err := rt.sup.Pause()
+		if err == nil {
+			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
+		}
+		if err == nil {
+			a.log.Info("app stopped", "app", rt.name)
+		}
+		return err
+	})
 }
 
 func (a *Agent) handleStartApp(w http.ResponseWriter, r *http.Request) {
-	var req api.AppRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	rt := a.opApp(w, req.App)
-	if rt == nil {
-		return
-	}
-	defer rt.busy.Unlock()
-	st := newStream(w)
-	t := time.Now()
-	a.mu.Lock()
-	a.generation++
-	spec, err := a.specFor(rt.config(), rt.lis(), a.generation, a.state.get(rt.name).Current)
-	a.mu.Unlock()
-	if err == nil {
-		err = rt.sup.Restart(spec)
-	}
-	if err == nil {
-		err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
-	}
-	finishOp(st, rt.name, t, err)
+	a.runAppOp(w, r, func(rt *appRT, _ *stream) error {
+		a.mu.Lock()
+		a.generation++
+		spec, err := a.specFor(rt.config(), rt.lis(), a.generation, a.state.get(rt.name).Current)
+		a.mu.Unlock()
+		if err == nil {
+			err = rt.sup.Restart(spec)
+		}
+		if err == nil {
+			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
+		}
+		return err
+	})
 }

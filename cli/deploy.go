@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -84,32 +83,14 @@ func rollbackCommand() *cli.Command {
 type deployCall func(context.Context, *api.Client, func(api.Event)) (*api.DeployResult, error)
 
 func runDeploy(c *cli.Context, verb string, call deployCall) error {
-	cx := ctx(c)
-	if d := c.Duration("timeout"); d > 0 {
-		var cancel context.CancelFunc
-		cx, cancel = context.WithTimeout(cx, d)
-		defer cancel()
-	}
-	asJSON := c.Bool("json")
+	cx, cancel := opContext(c)
+	defer cancel()
 	enc := json.NewEncoder(c.App.Writer)
-	res, err := call(cx, client(c), func(e api.Event) {
-		if asJSON {
-			_ = enc.Encode(e)
-		} else {
-			printEvent(c.App.ErrWriter, e)
-		}
-	})
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fail(ExitFailed, "%s: gave up waiting after --timeout; the agent goes on with it (see `deployd status`)", verb)
-	}
-	var se *api.StatusError
-	if errors.As(err, &se) && se.Code == 409 {
-		return fail(ExitFailed, "%s", se.Message)
-	}
-	if err != nil {
+	res, err := call(cx, client(c), eventPrinter(c, enc))
+	if err := opError(c, verb, err); err != nil {
 		return err
 	}
-	if asJSON {
+	if c.Bool("json") {
 		_ = enc.Encode(res)
 	} else {
 		d := time.Duration(res.DurationSeconds * float64(time.Second)).Round(time.Millisecond)

@@ -76,29 +76,14 @@ type streamCall func(context.Context, *api.Client, func(api.Event)) (*api.Result
 
 // runStream runs a streamed operation, printing progress and a summary.
 func runStream(c *cli.Context, verb string, call streamCall) error {
-	cx := ctx(c)
-	if d := c.Duration("timeout"); d > 0 {
-		var cancel context.CancelFunc
-		cx, cancel = context.WithTimeout(cx, d)
-		defer cancel()
-	}
-	asJSON := c.Bool("json")
+	cx, cancel := opContext(c)
+	defer cancel()
 	enc := json.NewEncoder(c.App.Writer)
-	res, err := call(cx, client(c), func(e api.Event) {
-		if asJSON {
-			_ = enc.Encode(e)
-			return
-		}
-		printEvent(c.App.ErrWriter, e)
-	})
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fail(ExitFailed, "%s: gave up waiting after --timeout %s; the agent goes on with it (see `deployd status`)",
-			verb, c.Duration("timeout"))
-	}
-	if err != nil {
+	res, err := call(cx, client(c), eventPrinter(c, enc))
+	if err := opError(c, verb, err); err != nil {
 		return err
 	}
-	if asJSON {
+	if c.Bool("json") {
 		_ = enc.Encode(res)
 	} else {
 		printSummary(c.App.ErrWriter, verb, res)
@@ -107,6 +92,42 @@ func runStream(c *cli.Context, verb string, call streamCall) error {
 		return fail(ExitFailed, "")
 	}
 	return nil
+}
+
+// opContext bounds an operation's wait by --timeout (no bound when unset).
+func opContext(c *cli.Context) (context.Context, context.CancelFunc) {
+	if d := c.Duration("timeout"); d > 0 {
+		return context.WithTimeout(ctx(c), d)
+	}
+	return context.WithCancel(ctx(c))
+}
+
+// eventPrinter prints progress: JSON lines on stdout with --json, else text
+// on stderr.
+func eventPrinter(c *cli.Context, enc *json.Encoder) func(api.Event) {
+	return func(e api.Event) {
+		if c.Bool("json") {
+			_ = enc.Encode(e)
+			return
+		}
+		printEvent(c.App.ErrWriter, e)
+	}
+}
+
+// opError turns a streamed operation's error into the CLI's: a --timeout
+// that passed, or a refusal because another operation runs (exit 1).
+func opError(c *cli.Context, verb string, err error) error {
+	var se *api.StatusError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fail(ExitFailed, "%s: gave up waiting after --timeout %s; the agent goes on with it (see `deployd status`)",
+			verb, c.Duration("timeout"))
+	case errors.As(err, &se) && se.Code == 409:
+		return fail(ExitFailed, "%s", se.Message)
+	}
+	return err
 }
 
 func printEvent(w io.Writer, e api.Event) {
