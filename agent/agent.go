@@ -76,23 +76,10 @@ func Run(opts Options) error {
 	if log == nil {
 		log = hclog.Default()
 	}
-	cfg, err := config.Load(opts.ConfigPath)
+	cfg, shim, err := load(opts)
 	if err != nil {
 		return &SetupError{err}
 	}
-	if opts.Socket != "" {
-		cfg.Agent.Socket = opts.Socket
-	}
-	shim, err := os.Executable()
-	if err != nil {
-		return &SetupError{fmt.Errorf("find own binary: %w", err)}
-	}
-	if shim, err = filepath.EvalSymlinks(shim); err != nil {
-		return &SetupError{fmt.Errorf("find own binary: %w", err)}
-	}
-	// tableflip starts os.Args[0]: make it the path resolved once at start
-	// (after a swap /proc/self/exe names the backup, minio/minio#14778).
-	os.Args[0] = shim
 	upg, err := tableflip.New(tableflip.Options{UpgradeTimeout: cfg.Agent.UpgradeTimeout, PIDFile: cfg.Agent.PIDFile})
 	if err != nil {
 		return &SetupError{fmt.Errorf("upgrader: %w", err)}
@@ -165,8 +152,36 @@ func Run(opts Options) error {
 		opts.Ready(a)
 	}
 
-	handedOff := false
-loop:
+	handedOff := a.loop(sigs, serveDone)
+	return a.stop(srv, handedOff)
+}
+
+// load loads the config and resolves the agent's own binary once: it is
+// the workers' shim and what a handoff starts. tableflip starts os.Args[0],
+// so that becomes the resolved path (after a swap /proc/self/exe names the
+// backup, minio/minio#14778).
+func load(opts Options) (*config.Config, string, error) {
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return nil, "", err
+	}
+	if opts.Socket != "" {
+		cfg.Agent.Socket = opts.Socket
+	}
+	shim, err := os.Executable()
+	if err == nil {
+		shim, err = filepath.EvalSymlinks(shim)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("find own binary: %w", err)
+	}
+	os.Args[0] = shim
+	return cfg, shim, nil
+}
+
+// loop runs until a signal, `deployd shutdown`, a handoff or a failure of
+// the control server asks the agent to stop; it reports a handoff.
+func (a *Agent) loop(sigs <-chan os.Signal, serveDone <-chan error) (handedOff bool) {
 	for {
 		select {
 		case sig := <-sigs:
@@ -181,26 +196,30 @@ loop:
 				a.rotateLogs()
 			default:
 				a.log.Info("signal received, stopping", "signal", sig)
-				break loop
+				return false
 			}
 		case <-a.shutdown:
 			a.log.Info("shutdown requested")
-			break loop
-		case <-upg.Exit():
+			return false
+		case <-a.upg.Exit():
 			a.log.Info("new agent is ready; draining this one's workers")
-			handedOff = true
-			break loop
+			return true
 		case err := <-serveDone:
 			a.log.Error("control server stopped", "error", err)
-			break loop
+			return false
 		}
 	}
+}
+
+// stop refuses new control requests, drains every worker and releases the
+// agent's sockets; after a handoff the sockets stay with the new agent.
+func (a *Agent) stop(srv *http.Server, handedOff bool) error {
 	a.stopStatusUpdates()
 	if !handedOff {
 		sdNotify("STOPPING=1")
 		// Stop listening on the control socket at once (tableflip holds a
 		// copy) and cancel an upgrade in flight.
-		upg.Stop()
+		a.upg.Stop()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = srv.Shutdown(ctx)
