@@ -41,7 +41,7 @@ func get[T any](d *decoder, p toml.Primitive, key []string) (T, bool) {
 	if !d.md.IsDefined(key...) {
 		return v, false
 	}
-	err := d.md.PrimitiveDecode(p, &v)
+	err := primitiveDecode(d.md, p, &v)
 	if _, isMap := any(v).(map[string]toml.Primitive); isMap && err == nil {
 		// The library decodes a non-table into a map as an empty map, without
 		// an error; implicit tables ([apps.web] creates apps) have no type.
@@ -56,12 +56,26 @@ func get[T any](d *decoder, p toml.Primitive, key []string) (T, bool) {
 	return v, true
 }
 
+// primitiveDecode is MetaData.PrimitiveDecode, with the library's panics
+// (found by FuzzParse: two tables whose names differ only in case, like
+// [apps.web] and [apPs.web]) turned into an error.
+func primitiveDecode(md interface {
+	PrimitiveDecode(toml.Primitive, any) error
+}, p toml.Primitive, v any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("toml: this value cannot be read (%v); look for two tables whose names differ only in case", r)
+		}
+	}()
+	return md.PrimitiveDecode(p, v)
+}
+
 // typeProblem reports a value of the wrong TOML type; err is the TOML
 // library's decode error.
 func (d *decoder) typeProblem(key []string, p toml.Primitive, want string, err error) {
 	d.failed[keyString(key)] = true
 	var raw any
-	_ = d.md.PrimitiveDecode(p, &raw) // into any: cannot fail
+	_ = primitiveDecode(d.md, p, &raw)
 	msg := fmt.Sprintf("wrong type: found %s, want %s", tomlTypeName(d.md.Type(key...)), want)
 	if ex := example(key); ex != "" {
 		msg += "; write it like " + ex
