@@ -22,13 +22,9 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	strategy := workers.Strategy(req.Strategy)
-	switch strategy {
-	case "":
-		strategy = workers.Rolling
-	case workers.Rolling, workers.BlueGreen:
-	default:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown strategy %q; use rolling or blue-green", req.Strategy))
+	strategy, err := strategyOf(req.Strategy)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	cfg, err := config.Load(a.Config().Path)
