@@ -199,8 +199,8 @@ func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int, rel st
 	spec := &workers.Spec{
 		Release: release, Generation: gen, Argv: argv, Dir: dir,
 		Env: append(workerBaseEnv(), app.Env...), Credential: cred, Instances: instances,
-		Listeners: ls, Ready: app.Ready, ReadyTimeout: app.ReadyTimeout, StopSignal: app.StopSignal,
-		StopTimeout: app.StopTimeout, Restart: app.Restart, MaxSurge: app.MaxSurge,
+		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, StopSignal: app.StopSignal,
+		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
 	}
 	return spec, nil

@@ -129,7 +129,7 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 			res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
 		}
 		if errors.Is(err, workers.ErrBusy) {
-			res.Error = busyMessage(rt.name)
+			res.Error = refusal(rt.name, err)
 		} else if serr := a.state.update(rt.name, func(s *AppState) {
 			if !slices.Contains(s.Failed, version) {
 				s.Failed = append(s.Failed, version)

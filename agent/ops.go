@@ -35,7 +35,7 @@ func finishOp(st *stream, app string, t time.Time, err error) {
 	if err != nil {
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
 		if errors.Is(err, workers.ErrBusy) {
-			res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app)
+			res.Outcome, res.Error = api.OutcomeRefused, refusal(app, err)
 		}
 	}
 	st.send(api.StreamLine{Result: &api.Result{OK: err == nil, Apps: []api.AppResult{res}}})

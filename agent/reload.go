@@ -141,9 +141,9 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 		rt.set(app, ls)
 		a.mu.Unlock()
 	case errors.Is(err, workers.ErrBusy):
-		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)
+		res.Outcome, res.Error = api.OutcomeRefused, refusal(app.Name, err)
 	case errors.As(err, &ab):
-		res.Outcome, res.Error = api.OutcomeAbandoned, ab.Reason.Error()+"; previous version still serving"
+		res.Outcome, res.Error = api.OutcomeAbandoned, ab.Reason.Error()+"; "+ab.Serving()
 		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
 	default:
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()

@@ -197,7 +197,7 @@ func (s *stream) send(l api.StreamLine) {
 }
 
 func (s *stream) event(e workers.Event) {
-	ae := api.Event(e)
+	ae := apiEvent(e)
 	s.send(api.StreamLine{Event: &ae})
 }
 
@@ -228,7 +228,7 @@ func (a *Agent) handleRestart(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
 		if errors.Is(err, workers.ErrBusy) {
-			res.Outcome, res.Error = api.OutcomeRefused, busyMessage(req.App)
+			res.Outcome, res.Error = api.OutcomeRefused, refusal(req.App, err)
 		}
 	}
 	res.DurationSeconds = time.Since(t).Seconds()

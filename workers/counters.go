@@ -2,8 +2,8 @@ package workers
 
 import (
 	"errors"
+	"maps"
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -20,6 +20,8 @@ type Counters struct {
 	// ReloadBuckets[i] counts the reloads that took at most
 	// ReloadBucketBounds()[i] seconds (a cumulative histogram).
 	ReloadBuckets []uint64
+	// DroppedEvents counts events a subscriber lost because it fell behind.
+	DroppedEvents uint64
 }
 
 // reloadBounds are the upper bounds, in seconds, of Counters.ReloadBuckets.
@@ -35,20 +37,8 @@ const (
 	ReloadFailed    = "failed"
 )
 
-// counters is a Supervisor's Counters; safe for concurrent use.
-type counters struct {
-	mu sync.Mutex
-	c  Counters
-}
-
-func (c *counters) restarted() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.c.Restarts++
-}
-
-// reloaded counts a reload that took d and ended with err.
-func (c *counters) reloaded(d time.Duration, err error) {
+// reloaded counts a reload that took d and ended with err. Owned by the loop.
+func (c *Counters) reloaded(d time.Duration, err error) {
 	outcome := ReloadDone
 	var ab *AbandonedError
 	switch {
@@ -57,33 +47,30 @@ func (c *counters) reloaded(d time.Duration, err error) {
 	case err != nil:
 		outcome = ReloadFailed
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.c.Reloads == nil {
-		c.c.Reloads = map[string]uint64{}
+	if c.Reloads == nil {
+		c.Reloads = map[string]uint64{}
 	}
-	c.c.Reloads[outcome]++
-	c.c.ReloadSeconds += d.Seconds()
-	if c.c.ReloadBuckets == nil {
-		c.c.ReloadBuckets = make([]uint64, len(reloadBounds))
+	c.Reloads[outcome]++
+	c.ReloadSeconds += d.Seconds()
+	if c.ReloadBuckets == nil {
+		c.ReloadBuckets = make([]uint64, len(reloadBounds))
 	}
 	for i, le := range reloadBounds {
 		if d.Seconds() <= le {
-			c.c.ReloadBuckets[i]++
+			c.ReloadBuckets[i]++
 		}
 	}
 }
 
 // Counters returns a copy of the app's event counts.
 func (s *Supervisor) Counters() Counters {
-	s.ctr.mu.Lock()
-	defer s.ctr.mu.Unlock()
-	c := s.ctr.c
-	c.Reloads = map[string]uint64{ReloadDone: 0, ReloadAbandoned: 0, ReloadFailed: 0}
-	for k, v := range s.ctr.c.Reloads {
-		c.Reloads[k] = v
-	}
-	c.ReloadBuckets = make([]uint64, len(reloadBounds))
-	copy(c.ReloadBuckets, s.ctr.c.ReloadBuckets)
+	var c Counters
+	s.read(func(st *state) {
+		c = st.ctr
+		c.Reloads = map[string]uint64{ReloadDone: 0, ReloadAbandoned: 0, ReloadFailed: 0}
+		maps.Copy(c.Reloads, st.ctr.Reloads)
+		c.ReloadBuckets = make([]uint64, len(reloadBounds))
+		copy(c.ReloadBuckets, st.ctr.ReloadBuckets)
+	})
 	return c
 }

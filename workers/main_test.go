@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +18,6 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
-	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 )
 
@@ -108,6 +108,42 @@ var helpers = map[string]func() int{
 		fmt.Printf("helper: child %d sent READY=1\n", cmd.Process.Pid)
 		<-term
 		return 0
+	},
+	// burn is ready, then spins the CPU until SIGTERM.
+	"burn": func() int {
+		term := notifyTerm()
+		if err := sdNotify("READY=1"); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 5
+		}
+		for x := 0; ; x++ {
+			select {
+			case <-term:
+				return 0
+			default:
+			}
+			if x < 0 {
+				return 6
+			}
+		}
+	},
+	// first-only is serve-ready the first time it runs in a slot (it
+	// leaves a marker in $MARKER_DIR); later it exits 3, or with
+	// THEN=hang runs without getting ready.
+	"first-only": func() int {
+		marker := filepath.Join(os.Getenv("MARKER_DIR"), "slot"+os.Getenv("DEPLOYD_WORKER"))
+		f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err == nil {
+			f.Close()
+			return serveReady()
+		}
+		if os.Getenv("THEN") == "hang" {
+			term := notifyTerm()
+			fmt.Println("helper: not the first; never ready")
+			<-term
+			return 0
+		}
+		return exitNow()
 	},
 	"notify-once": func() int {
 		if err := sdNotify("READY=1\nSTATUS=from a child"); err != nil {
@@ -248,11 +284,11 @@ func testSpec(t testing.TB, l *handoff.Listener, helper string, n int) *Spec {
 		Env:          []string{helperEnv + "=" + helper, noRaceExitSleep},
 		Listeners:    []*handoff.Listener{l},
 		Instances:    n,
-		Ready:        config.Ready{Mode: config.ReadyNotify, Raw: "notify"},
+		Ready:        ReadyPolicy{Mode: ReadyNotify},
 		ReadyTimeout: readyTimeout,
 		StopSignal:   syscall.SIGTERM,
 		StopTimeout:  stopTimeout,
-		Restart: config.Restart{
+		Restart: RestartPolicy{
 			Backoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond,
 			MaxRestarts: 5, Window: time.Minute, StableAfter: 10 * time.Second,
 		},
@@ -287,12 +323,13 @@ func mustStart(t testing.TB, s *Supervisor) {
 
 // currentWorkers returns the current worker of every slot.
 func currentWorkers(s *Supervisor) []*Worker {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ws := make([]*Worker, len(s.slots))
-	for i, sl := range s.slots {
-		ws[i] = sl.cur
-	}
+	var ws []*Worker
+	s.read(func(st *state) {
+		ws = make([]*Worker, len(st.slots))
+		for i, sl := range st.slots {
+			ws[i] = sl.cur
+		}
+	})
 	return ws
 }
 
@@ -373,7 +410,7 @@ func (r *recorder) add(e Event) { r.events = append(r.events, e) }
 func (r *recorder) steps() []string {
 	var out []string
 	for _, e := range r.events {
-		out = append(out, e.Type+"/"+strconv.Itoa(e.Slot))
+		out = append(out, string(e.Type)+"/"+strconv.Itoa(e.Slot))
 	}
 	return out
 }

@@ -1,122 +1,84 @@
 package workers
 
 import (
-	"slices"
+	"fmt"
 	"time"
 )
 
-// monitorInterval is how often max_memory and the watchdog are checked.
-const monitorInterval = time.Second
-
-// ensureMonitor starts the monitor goroutine once, when the spec asks for
-// max_memory or a watchdog.
-func (s *Supervisor) ensureMonitor() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.monitoring || s.closed || (s.spec.MaxMemory <= 0 && s.spec.Watchdog <= 0) {
+// tick samples every worker, then checks max_memory and the watchdog on
+// that sample. Run by the loop every sampleInterval.
+func (s *Supervisor) tick(st *state) {
+	st.sampleAll(s.fs)
+	if st.op != nil || st.closing || st.app == AppStopped || st.app == AppStopping {
+		return // the next tick after the operation checks again
+	}
+	c, ok := s.overLimit(st)
+	if !ok {
 		return
 	}
-	s.monitoring = true
-	s.wg.Add(1)
-	go s.monitor()
-}
-
-// monitor replaces, the graceful way (new worker ready first), a worker
-// whose RSS passed max_memory or that stopped sending WATCHDOG=1.
-func (s *Supervisor) monitor() {
-	defer s.wg.Done()
-	t := time.NewTicker(monitorInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.closing:
-			return
-		case <-t.C:
-		}
-		for _, c := range s.overLimit() {
-			s.replaceOne(c)
-		}
+	// The replacement is an operation like the others: a reload asked
+	// meanwhile is told what runs.
+	what := fmt.Sprintf("memory-limit replacement of worker %d", c.sl.index)
+	if c.why == "watchdog" {
+		what = fmt.Sprintf("watchdog replacement of worker %d", c.sl.index)
 	}
+	o := s.newOp(what, "the "+c.why+" monitor", nil)
+	st.op = o.info
+	spec := c.sl.spec
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer o.end()
+		o.replace(c, spec)
+	}()
 }
 
 type overLimit struct {
 	sl  *slot
 	w   *Worker
-	why string
+	why string // "max_memory" or "watchdog"
 }
 
-// overLimit lists ready workers over max_memory or past their watchdog.
-func (s *Supervisor) overLimit() []overLimit {
-	s.mu.Lock()
-	type cand struct {
-		sl   *slot
-		w    *Worker
-		spec *Spec
-	}
-	var cs []cand
-	for _, sl := range s.slots {
-		if sl.cur != nil {
-			cs = append(cs, cand{sl, sl.cur, sl.spec})
-		}
-	}
-	s.mu.Unlock()
-	var out []overLimit
+// overLimit returns the first ready worker over max_memory or past its
+// watchdog. Run by the loop.
+func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 	now := time.Now()
-	for _, c := range cs {
-		if c.w.State() != Ready {
+	for _, sl := range st.slots {
+		w, spec := sl.cur, sl.spec
+		if w == nil || w.State() != Ready {
 			continue
 		}
-		if c.spec.MaxMemory > 0 {
-			if u := c.w.usage(s.fs); u.RSSBytes > c.spec.MaxMemory {
-				out = append(out, overLimit{c.sl, c.w, "max_memory"})
-				s.log.Warn("worker over max_memory; replacing it", "worker", c.sl.index, "pid", c.w.PID,
-					"rss", u.RSSBytes, "max_memory", c.spec.MaxMemory)
-				continue
-			}
+		if rss := st.usage[w].RSSBytes; spec.MaxMemory > 0 && rss > spec.MaxMemory {
+			s.log.Warn("worker over max_memory; replacing it", "worker", sl.index, "pid", w.PID,
+				"rss", rss, "max_memory", spec.MaxMemory)
+			return overLimit{sl, w, "max_memory"}, true
 		}
-		if c.spec.Watchdog > 0 {
-			c.w.mu.Lock()
-			last := c.w.watchdog
-			if last.IsZero() {
-				last = c.w.readyAt
-			}
-			c.w.mu.Unlock()
-			if now.Sub(last) > c.spec.Watchdog {
-				out = append(out, overLimit{c.sl, c.w, "watchdog"})
-				s.log.Warn("worker missed its watchdog; replacing it", "worker", c.sl.index, "pid", c.w.PID,
-					"silent_for", now.Sub(last).Round(time.Millisecond), "watchdog", c.spec.Watchdog)
+		if spec.Watchdog > 0 {
+			last := w.lastWatchdog()
+			if now.Sub(last) > spec.Watchdog {
+				s.log.Warn("worker missed its watchdog; replacing it", "worker", sl.index, "pid", w.PID,
+					"silent_for", now.Sub(last).Round(time.Millisecond), "watchdog", spec.Watchdog)
+				return overLimit{sl, w, "watchdog"}, true
 			}
 		}
 	}
-	return out
+	return overLimit{}, false
 }
 
-// replaceOne replaces sl's worker with a new one on the same spec, ready
-// first. Skipped when another operation runs (the next check retries).
-func (s *Supervisor) replaceOne(c overLimit) {
-	sl, why := c.sl, c.why
-	if !s.op.TryLock() {
+// replace replaces c's worker with a new one on spec, ready first.
+func (o *op) replace(c overLimit, spec *Spec) {
+	if err := o.replaceGroup([]*slot{c.sl}, spec, c.why); err != nil {
+		o.s.log.Error("replacement did not get ready; the old worker stays", "worker", c.sl.index,
+			"reason", c.why, "error", err)
 		return
 	}
-	defer s.op.Unlock()
-	// The slot may have gone (scale, stop) or changed worker since the check.
-	s.mu.Lock()
-	ok := !s.closed && s.state != AppStopped && slices.Contains(s.slots, sl) && sl.cur == c.w
-	spec := sl.spec
-	s.mu.Unlock()
-	if !ok {
-		return
-	}
-	if err := s.replaceGroup([]*slot{sl}, spec, s.emitter(nil), why); err != nil {
-		s.log.Error("replacement did not get ready; the old worker stays", "worker", sl.index, "reason", why, "error", err)
-		return
-	}
-	s.mu.Lock()
-	switch why {
-	case "max_memory":
-		sl.memoryReplacements++
-	case "watchdog":
-		sl.watchdogReplacements++
-	}
-	s.mu.Unlock()
+	o.publish(Event{Type: EventReplace, Slot: c.sl.index, PID: c.w.PID, Release: spec.Release, Message: c.why},
+		func(*state) {
+			switch c.why {
+			case "max_memory":
+				c.sl.memoryReplacements++
+			case "watchdog":
+				c.sl.watchdogReplacements++
+			}
+		})
 }

@@ -107,7 +107,7 @@ func TestReloadBlueGreen(t *testing.T) {
 	for slot := range 2 {
 		var types []string
 		for _, e := range rec.forSlot(slot) {
-			types = append(types, e.Type)
+			types = append(types, string(e.Type))
 		}
 		if want := []string{"started", "ready", "draining", "exited"}; !slices.Equal(types, want) {
 			t.Errorf("slot %d events %q, want %q", slot, types, want)
@@ -329,7 +329,7 @@ func TestReloadGrowAndShrink(t *testing.T) {
 	for _, slot := range []int{1, 2} {
 		var types []string
 		for _, e := range rec.forSlot(slot) {
-			types = append(types, e.Type)
+			types = append(types, string(e.Type))
 			if e.PID != old[slot].PID {
 				t.Errorf("slot %d drained pid %d, want %d", slot, e.PID, old[slot].PID)
 			}

@@ -7,86 +7,104 @@ import (
 	"time"
 )
 
-// emitter wraps progress so that calls never overlap and carry the app and
-// the time.
-func (s *Supervisor) emitter(progress func(Event)) func(Event) {
-	var mu sync.Mutex
-	return func(e Event) {
-		mu.Lock()
-		defer mu.Unlock()
-		e.Time, e.App = time.Now(), s.opts.App
-		s.log.Debug("event", "event", e.Type, "worker", e.Slot, "pid", e.PID, "ms", e.Millis, "message", e.Message)
-		if progress != nil {
-			progress(e)
-		}
-	}
-}
-
 // Scale changes the number of workers to n (>= 0) on the current spec: new
 // slots start and must get ready (else they are dropped and the error says
-// why); the highest slots drain. Another operation running gives ErrBusy.
+// why); the highest slots drain. Another operation running gives a
+// *BusyError.
 func (s *Supervisor) Scale(n int, progress func(Event)) error {
 	if n < 0 {
 		return fmt.Errorf("workers: scale to %d: must be 0 or more", n)
 	}
-	if !s.op.TryLock() {
-		return ErrBusy
+	o, err := s.begin(fmt.Sprintf("scale to %d workers", n), progress)
+	if err != nil {
+		return err
 	}
-	defer s.op.Unlock()
-	emit := s.emitter(progress)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return ErrCanceled
-	}
-	old := s.spec
-	spec := *old
-	spec.Instances = n
-	s.spec = &spec
+	defer o.end()
+	var old, spec *Spec
+	var prev AppState
 	var added, gone []*slot
-	for i := len(s.slots); i < n; i++ {
-		sl := &slot{index: i, spec: &spec, backoff: spec.Restart.Backoff}
-		s.slots = append(s.slots, sl)
-		added = append(added, sl)
-	}
-	if n < len(s.slots) {
-		gone = slices.Clone(s.slots[n:])
-		s.slots = s.slots[:n]
-	}
-	prev := s.state
-	if s.state == AppStopped {
-		s.state = AppRunning
-	}
-	s.mu.Unlock()
+	o.change(func(st *state) {
+		old, prev = st.spec, st.app
+		ns := *old
+		ns.Instances = n
+		spec = &ns
+		added = newSlots(len(st.slots), n, spec)
+		if n < len(st.slots) {
+			gone = slices.Clone(st.slots[n:])
+		}
+		s.changeStateTo(st, Event{Type: EventSlots, Release: spec.Release, Message: fmt.Sprint(n)}, func() {
+			st.spec = spec
+			st.slots = append(st.slots[:min(n, len(st.slots))], added...)
+			if st.app == AppStopped {
+				st.app = AppRunning
+			}
+		})
+	})
 	if len(added) > 0 {
-		if err := s.replaceGroup(added, &spec, emit, "scale up"); err != nil {
-			s.dropSlots(added)
-			s.mu.Lock()
-			s.spec, s.state = old, prev
-			s.mu.Unlock()
+		if err := o.replaceGroup(added, spec, "scale up"); err != nil {
+			o.dropSlots(added)
+			o.change(func(st *state) { s.setApp(st, prev, func() { st.spec = old }) })
 			return fmt.Errorf("scale up: %w", err)
 		}
 	}
-	s.drainSlots(gone, emit)
-	s.ensureMonitor()
+	o.drainSlots(gone, true)
 	return nil
 }
 
-// Pause stops every worker (stop signal, then SIGKILL after stop_timeout)
-// and leaves the app stopped until Start or Scale. Another operation
-// running gives ErrBusy.
-func (s *Supervisor) Pause() error {
-	if !s.op.TryLock() {
-		return ErrBusy
+// dropSlots removes slots added by a failed grow; their workers are gone.
+func (o *op) dropSlots(added []*slot) {
+	if len(added) == 0 {
+		return
 	}
-	defer s.op.Unlock()
-	s.mu.Lock()
-	s.state = AppStopping
-	s.mu.Unlock()
-	s.stopAll(Stopping)
-	s.mu.Lock()
-	s.state = AppStopped
-	s.slots = nil
-	s.mu.Unlock()
-	return nil
+	o.drainSlots(added, false)
+	o.publish(Event{Type: EventSlots, Message: "dropped the added slots"}, func(st *state) {
+		st.slots = slices.DeleteFunc(st.slots, func(sl *slot) bool { return slices.Contains(added, sl) })
+	})
+}
+
+// drainSlots stops the current workers of slots that are no longer part of
+// the pool, in parallel; report sends their events to progress.
+func (o *op) drainSlots(gone []*slot, report bool) {
+	var wg sync.WaitGroup
+	for _, sl := range gone {
+		var w *Worker
+		o.change(func(*state) { w = sl.cur })
+		if w == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o.stopWorker(sl, w, Draining, report)
+		}()
+	}
+	wg.Wait()
+}
+
+// stopWorker stops w, a worker of sl, publishing draining (for a drain)
+// and exited; report also sends them to progress. sl's current worker is
+// moved aside first, so that its exit is not taken for a crash.
+func (o *op) stopWorker(sl *slot, w *Worker, how State, report bool) {
+	emit := o.publish
+	if report {
+		emit = func(e Event, change func(*state)) Event { o.step(e, change); return e }
+	}
+	aside := func(*state) {
+		if sl.cur == w {
+			sl.cur = nil
+			sl.extra = append(sl.extra, w)
+		}
+	}
+	var note string
+	if how == Stopping {
+		note = "stop"
+	}
+	emit(Event{Type: EventDraining, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: note}, aside)
+	t := time.Now()
+	w.stop(how)
+	emit(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release, Millis: time.Since(t).Milliseconds(),
+		Message: w.ExitDescription()}, func(st *state) {
+		sl.extra = slices.DeleteFunc(sl.extra, func(x *Worker) bool { return x == w })
+		delete(st.usage, w)
+	})
 }

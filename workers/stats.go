@@ -6,40 +6,72 @@ import (
 	"github.com/prometheus/procfs"
 )
 
-type cpuSample struct {
-	at  time.Time
-	cpu float64 // seconds of CPU
-}
+// sampleInterval is how often the loop samples every worker's CPU and
+// memory, and checks max_memory and the watchdog.
+const sampleInterval = time.Second
 
 // Usage is a worker's resource use read from /proc.
 type Usage struct {
+	// CPUPercent is over the interval between the last two samples (the
+	// first: since the worker started); 100 = one core.
 	CPUPercent float64
 	RSSBytes   int64
 }
 
-// usage reads /proc/PID/stat. CPU % is over the time since the previous
-// call (or since start, on the first), 100 = one core.
-func (w *Worker) usage(fs procfs.FS) Usage {
+// sample is a worker's Usage as of one tick, with the raw CPU time it was
+// computed from.
+type sample struct {
+	Usage
+	at  time.Time
+	cpu float64 // seconds of CPU
+}
+
+// next reads /proc/PID/stat and returns the sample after prev (zero: none
+// yet). ok is false when the process is gone.
+func next(fs procfs.FS, w *Worker, prev sample) (sample, bool) {
+	if w.PID <= 0 {
+		return sample{}, false
+	}
 	p, err := fs.Proc(w.PID)
 	if err != nil {
-		return Usage{}
+		return sample{}, false
 	}
 	st, err := p.Stat()
 	if err != nil {
-		return Usage{}
+		return sample{}, false
 	}
-	now := time.Now()
-	cpu := st.CPUTime()
-	w.mu.Lock()
-	prev := w.cpu
-	w.cpu = cpuSample{at: now, cpu: cpu}
-	w.mu.Unlock()
+	now := sample{at: time.Now(), cpu: st.CPUTime()}
+	now.RSSBytes = int64(st.ResidentMemory())
 	if prev.at.IsZero() {
-		prev = cpuSample{at: w.Started}
+		prev = sample{at: w.Started}
 	}
-	u := Usage{RSSBytes: int64(st.ResidentMemory())}
-	if dt := now.Sub(prev.at).Seconds(); dt > 0 {
-		u.CPUPercent = 100 * (cpu - prev.cpu) / dt
+	if dt := now.at.Sub(prev.at).Seconds(); dt > 0 {
+		now.CPUPercent = 100 * (now.cpu - prev.cpu) / dt
 	}
-	return u
+	return now, true
+}
+
+// sampleAll takes this tick's sample of every worker; the only writer of
+// st.usage besides sampleOne. Run by the loop.
+func (st *state) sampleAll(fs procfs.FS) {
+	seen := make(map[*Worker]bool, len(st.usage))
+	for _, w := range st.workers() {
+		seen[w] = true
+		if u, ok := next(fs, w, st.usage[w]); ok {
+			st.usage[w] = u
+		}
+	}
+	for w := range st.usage {
+		if !seen[w] {
+			delete(st.usage, w)
+		}
+	}
+}
+
+// sampleOne takes the first sample of a worker that joined the pool, so
+// that status shows its memory before the next tick. Run by the loop.
+func (st *state) sampleOne(fs procfs.FS, w *Worker) {
+	if u, ok := next(fs, w, sample{}); ok {
+		st.usage[w] = u
+	}
 }

@@ -1,8 +1,11 @@
 package workers
 
 import (
+	"slices"
 	"sort"
 	"time"
+
+	"github.com/deployd/deployd/handoff"
 )
 
 // WorkerStatus is a snapshot of one worker.
@@ -17,9 +20,10 @@ type WorkerStatus struct {
 	MemoryReplacements, WatchdogReplacements int
 	Uptime                                   time.Duration
 	ReadyAfter                               time.Duration
-	CPUPercent                               float64
-	RSSBytes                                 int64
-	Status                                   string // last sd_notify STATUS=
+	// CPUPercent and RSSBytes are the last tick's sample (sampleInterval).
+	CPUPercent float64
+	RSSBytes   int64
+	Status     string // last sd_notify STATUS=
 }
 
 // AppStatus is a snapshot of an app's pool.
@@ -31,43 +35,75 @@ type AppStatus struct {
 	Restarts  int
 	LastExit  string
 	LastLines []string
+	// Busy is the operation that runs, nil when none.
+	Busy *BusyError
 }
 
-// Status returns a snapshot, workers sorted by slot then start time.
+// Status returns a snapshot, workers sorted by slot then start time. It
+// changes nothing: CPU and memory are the last tick's sample.
 func (s *Supervisor) Status() AppStatus {
-	s.mu.Lock()
-	st := AppStatus{State: s.state, Release: s.spec.Release, Instances: len(s.slots),
-		LastExit: s.lastExit, LastLines: s.lastLines}
-	type entry struct {
-		w                       *Worker
-		restarts, memory, watch int
+	var st AppStatus
+	s.read(func(in *state) { st = in.status(s.opts.App) })
+	return st
+}
+
+func (in *state) status(app string) AppStatus {
+	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: len(in.slots),
+		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines)}
+	if in.op != nil {
+		st.Busy = in.op.busy(app)
 	}
-	var ws []entry
-	for _, sl := range s.slots {
+	now := time.Now()
+	for _, sl := range in.slots {
 		st.Restarts += sl.restarts
 		if sl.cur != nil {
-			ws = append(ws, entry{sl.cur, sl.restarts, sl.memoryReplacements, sl.watchdogReplacements})
+			ws := in.workerStatus(sl.cur, now)
+			ws.Restarts, ws.MemoryReplacements, ws.WatchdogReplacements =
+				sl.restarts, sl.memoryReplacements, sl.watchdogReplacements
+			st.Workers = append(st.Workers, ws)
 		}
 		for _, w := range sl.extra {
-			ws = append(ws, entry{w: w})
+			st.Workers = append(st.Workers, in.workerStatus(w, now))
 		}
-	}
-	s.mu.Unlock()
-	now := time.Now()
-	for _, e := range ws {
-		w := e.w
-		u := w.usage(s.fs)
-		w.mu.Lock()
-		ws := WorkerStatus{Slot: w.Slot, PID: w.PID, State: w.state, Release: w.Release,
-			Generation: w.Generation, Restarts: e.restarts, Uptime: now.Sub(w.Started),
-			MemoryReplacements: e.memory, WatchdogReplacements: e.watch,
-			CPUPercent: u.CPUPercent, RSSBytes: u.RSSBytes, Status: w.status}
-		if !w.readyAt.IsZero() {
-			ws.ReadyAfter = w.readyAt.Sub(w.Started)
-		}
-		w.mu.Unlock()
-		st.Workers = append(st.Workers, ws)
 	}
 	sort.SliceStable(st.Workers, func(i, j int) bool { return st.Workers[i].Slot < st.Workers[j].Slot })
 	return st
+}
+
+func (in *state) workerStatus(w *Worker, now time.Time) WorkerStatus {
+	u := in.usage[w].Usage
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ws := WorkerStatus{Slot: w.Slot, PID: w.PID, State: w.state, Release: w.Release,
+		Generation: w.Generation, Uptime: now.Sub(w.Started),
+		CPUPercent: u.CPUPercent, RSSBytes: u.RSSBytes, Status: w.status}
+	if !w.readyAt.IsZero() {
+		ws.ReadyAfter = w.readyAt.Sub(w.Started)
+	}
+	return ws
+}
+
+// LiveListeners returns every listener a worker of the pool may serve: those
+// of the app's spec and of every spec a slot or a worker still runs. After
+// a rollback that failed part-way, some slots keep the new version and its
+// listeners: the agent must not close any listener listed here.
+func (s *Supervisor) LiveListeners() []*handoff.Listener {
+	var out []*handoff.Listener
+	add := func(spec *Spec) {
+		for _, l := range spec.Listeners {
+			if !slices.Contains(out, l) {
+				out = append(out, l)
+			}
+		}
+	}
+	s.read(func(st *state) {
+		add(st.spec)
+		for _, sl := range st.slots {
+			add(sl.spec)
+		}
+		for _, w := range st.workers() {
+			add(w.spec)
+		}
+	})
+	return out
 }

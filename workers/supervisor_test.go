@@ -11,22 +11,20 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/deployd/deployd/agent/config"
 )
 
 func TestStartReadyModes(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		helper string
-		ready  config.Ready
+		ready  ReadyPolicy
 		n      int
 	}{
-		{"notify", "serve-ready", config.Ready{Mode: config.ReadyNotify}, 2},
-		{"notify-from-child", "ready-from-child", config.Ready{Mode: config.ReadyNotify}, 1},
-		{"node-ipc", "node-ipc-ready", config.Ready{Mode: config.ReadyNodeIPC}, 2},
-		{"log", "log-ready", config.Ready{Mode: config.ReadyLog, Regex: regexp.MustCompile(`listening on fd \d`)}, 1},
-		{"delay", "never-ready", config.Ready{Mode: config.ReadyDelay, Delay: 50 * time.Millisecond}, 1},
+		{"notify", "serve-ready", ReadyPolicy{Mode: ReadyNotify}, 2},
+		{"notify-from-child", "ready-from-child", ReadyPolicy{Mode: ReadyNotify}, 1},
+		{"node-ipc", "node-ipc-ready", ReadyPolicy{Mode: ReadyNodeIPC}, 2},
+		{"log", "log-ready", ReadyPolicy{Mode: ReadyLog, Regex: regexp.MustCompile(`listening on fd \d`)}, 1},
+		{"delay", "never-ready", ReadyPolicy{Mode: ReadyDelay, Delay: 50 * time.Millisecond}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -50,7 +48,7 @@ func TestStartReadyModes(t *testing.T) {
 			if tc.n > 1 && st.Workers[0].PID == st.Workers[1].PID {
 				t.Error("both slots run the same pid")
 			}
-			if tc.ready.Mode == config.ReadyDelay && st.Workers[0].ReadyAfter < tc.ready.Delay {
+			if tc.ready.Mode == ReadyDelay && st.Workers[0].ReadyAfter < tc.ready.Delay {
 				t.Errorf("ready after %s, before the delay %s", st.Workers[0].ReadyAfter, tc.ready.Delay)
 			}
 			if tc.helper == "serve-ready" {
@@ -71,7 +69,7 @@ func TestStartReadyModes(t *testing.T) {
 				}
 				// A delay-ready helper may not have set up its SIGTERM
 				// handler yet; the others have before they report ready.
-				if w.ExitCode() != 0 && (tc.ready.Mode != config.ReadyDelay || w.ExitDescription() != "signal: terminated") {
+				if w.ExitCode() != 0 && (tc.ready.Mode != ReadyDelay || w.ExitDescription() != "signal: terminated") {
 					t.Errorf("worker %d: %s, want a clean exit on SIGTERM; output %q", i, w.ExitDescription(), w.LastLines())
 				}
 			}

@@ -3,7 +3,6 @@ package workers
 import (
 	"bufio"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -13,7 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers/logs"
 )
@@ -42,6 +40,9 @@ type Worker struct {
 	Generation int
 	Started    time.Time
 
+	// spec is the spec it runs (its stop signal and timeout, listeners).
+	spec *Spec
+
 	proc   *os.Process
 	tail   *logs.Tail
 	ready  chan struct{} // closed when ready
@@ -55,7 +56,6 @@ type Worker struct {
 	exitErr   error
 	exitState *os.ProcessState
 	readyOnce sync.Once
-	cpu       cpuSample
 }
 
 // Ready is closed when the worker reported ready.
@@ -100,6 +100,16 @@ func (w *Worker) ReadyAfter() time.Duration {
 		return 0
 	}
 	return w.readyAt.Sub(w.Started)
+}
+
+// lastWatchdog is when the worker last sent WATCHDOG=1 (or got ready).
+func (w *Worker) lastWatchdog() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.watchdog.IsZero() {
+		return w.readyAt
+	}
+	return w.watchdog
 }
 
 // ExitDescription says how the worker ended ("exit status 1", "signal: killed").
@@ -163,6 +173,9 @@ func (w *Worker) Stop(sig syscall.Signal, timeout time.Duration, state State) {
 	}
 }
 
+// stop is Stop with the stop signal and timeout of the worker's spec.
+func (w *Worker) stop(state State) { w.Stop(w.spec.StopSignal, w.spec.StopTimeout, state) }
+
 // spawnArgs is what spawn needs besides the spec.
 type spawnArgs struct {
 	shim     string
@@ -205,7 +218,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	}
 	var ipc *handoff.IPCChannel
 	var extra []*os.File
-	if spec.Ready.Mode == config.ReadyNodeIPC {
+	if spec.Ready.Mode == ReadyNodeIPC {
 		if ipc, err = handoff.NewIPCChannel(); err != nil {
 			notify.Close()
 			outR.Close()
@@ -241,6 +254,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	w := &Worker{
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
 		Started: time.Now(), proc: proc, tail: logs.NewTail(tailLines),
+		spec:  spec,
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting,
 	}
 	uid := os.Getuid()
@@ -267,7 +281,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		readers.Add(1)
 		go w.readIPC(&readers, ipc.Parent)
 	}
-	if spec.Ready.Mode == config.ReadyDelay {
+	if spec.Ready.Mode == ReadyDelay {
 		go w.readyAfterDelay(spec.Ready.Delay)
 	}
 	pipes := []*os.File{outR, errR}
@@ -320,10 +334,10 @@ func (w *Worker) finish() {
 	close(w.exited)
 }
 
-func (w *Worker) capture(wg *sync.WaitGroup, r *os.File, sink *logs.Sink, stream, app string, ready config.Ready) {
+func (w *Worker) capture(wg *sync.WaitGroup, r *os.File, sink *logs.Sink, stream, app string, ready ReadyPolicy) {
 	defer wg.Done()
 	defer r.Close()
-	matchReady := ready.Mode == config.ReadyLog && ready.Regex != nil
+	matchReady := ready.Mode == ReadyLog && ready.Regex != nil
 	_ = logs.Capture(r, 0, func(text string) {
 		w.tail.Add(text)
 		if sink != nil {
@@ -413,24 +427,6 @@ func waitReady(w *Worker, timeout time.Duration, cancel <-chan struct{}) error {
 	case <-cancel:
 		return ErrCanceled
 	}
-}
-
-// ErrCanceled is returned when an operation was stopped by a shutdown.
-var ErrCanceled = errors.New("workers: canceled by shutdown")
-
-// NotReadyError tells why a worker never got ready.
-type NotReadyError struct {
-	Worker  *Worker
-	Exited  bool
-	Timeout time.Duration
-}
-
-func (e *NotReadyError) Error() string {
-	w := e.Worker
-	if e.Exited {
-		return fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.Slot, w.PID, w.ExitDescription())
-	}
-	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s", w.Slot, w.PID, e.Timeout)
 }
 
 // cpuFor is the usable CPU for slot: slot mod the CPUs the agent may use.

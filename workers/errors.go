@@ -1,0 +1,90 @@
+package workers
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ErrBusy matches (errors.Is) every *BusyError.
+var ErrBusy = errors.New("workers: another operation of this app is running")
+
+// ErrCanceled is returned when an operation was stopped by a shutdown.
+var ErrCanceled = errors.New("workers: canceled by shutdown")
+
+// BusyError refuses an operation while another runs; it names that one.
+type BusyError struct {
+	App string
+	// Op is what runs, e.g. "reload to release v2" or "memory-limit
+	// replacement of worker 1".
+	Op    string
+	Since time.Time
+	// By is who started it when the supervisor knows ("the max_memory
+	// monitor"); empty for operations its caller started.
+	By string
+}
+
+func (e *BusyError) Error() string {
+	msg := fmt.Sprintf("workers: %s is busy: %s running since %s", e.App, e.Op, e.Since.Format(time.TimeOnly))
+	if e.By != "" {
+		msg += " (started by " + e.By + ")"
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrBusy) true.
+func (e *BusyError) Is(target error) bool { return target == ErrBusy }
+
+// SlotRelease is the release one slot runs.
+type SlotRelease struct {
+	Slot    int
+	Release string
+}
+
+// AbandonedError is returned by Reload when a new worker did not get ready:
+// new workers were stopped and the slots already swapped were rolled back.
+type AbandonedError struct {
+	Reason     error
+	ExitStatus string   // of the new worker, when it exited
+	LastLines  []string // of the new worker's output
+	// RolledBack is true when every slot runs the previous version again;
+	// false when a rollback step failed and some slot kept the new one.
+	RolledBack bool
+	// Slots says which release each slot runs after the rollback.
+	Slots []SlotRelease
+}
+
+func (e *AbandonedError) Error() string {
+	return fmt.Sprintf("reload abandoned, %s: %v", e.Serving(), e.Reason)
+}
+
+// Serving says what serves after the abandon: "previous version still
+// serving" only when the rollback restored every slot.
+func (e *AbandonedError) Serving() string {
+	if e.RolledBack {
+		return "previous version still serving"
+	}
+	parts := make([]string, 0, len(e.Slots))
+	for _, s := range e.Slots {
+		parts = append(parts, fmt.Sprintf("worker %d runs %s", s.Slot, s.Release))
+	}
+	return "rollback incomplete: " + strings.Join(parts, ", ")
+}
+
+func (e *AbandonedError) Unwrap() error { return e.Reason }
+
+// NotReadyError tells why a worker never got ready.
+type NotReadyError struct {
+	Worker  *Worker
+	Exited  bool
+	Timeout time.Duration
+}
+
+func (e *NotReadyError) Error() string {
+	w := e.Worker
+	if e.Exited {
+		return fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.Slot, w.PID, w.ExitDescription())
+	}
+	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s", w.Slot, w.PID, e.Timeout)
+}

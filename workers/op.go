@@ -1,0 +1,97 @@
+package workers
+
+import (
+	"sync"
+	"time"
+)
+
+// opInfo is the operation that runs (state.op). Its fields are set by the
+// loop; done is closed when the operation has ended.
+type opInfo struct {
+	what, by string
+	since    time.Time
+	done     chan struct{}
+}
+
+func (o *opInfo) busy(app string) *BusyError {
+	return &BusyError{App: app, Op: o.what, Since: o.since, By: o.by}
+}
+
+// op is a running operation, driven from its own goroutine: every state
+// change it makes is a request to the loop.
+type op struct {
+	s        *Supervisor
+	info     *opInfo
+	progress func(Event)
+	mu       sync.Mutex // serializes progress: drains report concurrently
+}
+
+// begin admits an operation: a *BusyError when one runs, ErrCanceled after
+// Stop. The caller must call end.
+func (s *Supervisor) begin(what string, progress func(Event)) (*op, error) {
+	o := s.newOp(what, "", progress)
+	var err error
+	ok := s.call(func(st *state) {
+		switch {
+		case st.closing:
+			err = ErrCanceled
+		case st.op != nil:
+			err = st.op.busy(s.opts.App)
+		default:
+			st.op = o.info
+		}
+	})
+	if !ok {
+		return nil, ErrCanceled
+	}
+	if err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func (s *Supervisor) newOp(what, by string, progress func(Event)) *op {
+	return &op{s: s, progress: progress,
+		info: &opInfo{what: what, by: by, since: time.Now(), done: make(chan struct{})}}
+}
+
+// end lets the next operation in.
+func (o *op) end() {
+	o.s.call(func(st *state) {
+		if st.op == o.info {
+			st.op = nil
+		}
+	})
+	close(o.info.done)
+}
+
+// change runs fn in the loop; fn changes the state only through the door.
+// An operation ends before the loop does (Stop waits for it).
+func (o *op) change(fn func(*state)) { o.s.call(fn) }
+
+// publish applies change through the door and publishes e to subscribers.
+func (o *op) publish(e Event, change func(*state)) Event {
+	var out Event
+	o.s.call(func(st *state) {
+		var fn func()
+		if change != nil {
+			fn = func() { change(st) }
+		}
+		out = o.s.changeStateTo(st, e, fn)
+	})
+	return out
+}
+
+// step is publish, and also reports e to the operation's progress callback.
+func (o *op) step(e Event, change func(*state)) {
+	e = o.publish(e, change)
+	if o.progress == nil {
+		return
+	}
+	if e.Time.IsZero() { // the loop has ended: stamp it here
+		e.Time, e.App = time.Now(), o.s.opts.App
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.progress(e)
+}
