@@ -140,57 +140,23 @@ func (o *op) rollback(done []*slot, spec *Spec) bool {
 // not ready, every new worker of the group is stopped and the old ones keep
 // their slots.
 func (o *op) replaceGroup(group []*slot, spec *Spec, note string) error {
-	s := o.s
-	news := make([]*Worker, 0, len(group))
-	stopNews := func() {
-		var wg sync.WaitGroup
-		for k, w := range news {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				w.stop(Stopping)
-				o.publish(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: w.ExitDescription()},
-					func(*state) {
-						group[k].extra = slices.DeleteFunc(group[k].extra, func(x *Worker) bool { return x == w })
-					})
-			}()
+	news, err := o.startNews(group, spec, note)
+	if err == nil {
+		deadline := time.Now().Add(spec.ReadyTimeout)
+		for _, w := range news {
+			if err = o.s.waitReady(w, time.Until(deadline), spec); err != nil {
+				o.step(Event{Type: EventFailed, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: err.Error()}, nil)
+				break
+			}
+			o.step(Event{Type: EventReady, Slot: w.Slot, PID: w.PID, Release: w.Release,
+				Millis: w.ReadyAfter().Milliseconds(), Message: note}, nil)
 		}
-		wg.Wait()
 	}
-	for _, sl := range group {
-		w, err := spawn(s.args(), spec, sl.index)
-		if err != nil {
-			stopNews()
-			return fmt.Errorf("worker %d: %w", sl.index, err)
-		}
-		news = append(news, w)
-		o.step(Event{Type: EventStarted, Slot: sl.index, PID: w.PID, Release: spec.Release, Message: note},
-			func(st *state) { sl.extra = append(sl.extra, w); st.sampleOne(s.fs, w) })
+	if err != nil {
+		o.stopNews(group, news)
+		return err
 	}
-	deadline := time.Now().Add(spec.ReadyTimeout)
-	for _, w := range news {
-		if err := s.waitReady(w, time.Until(deadline), spec); err != nil {
-			o.step(Event{Type: EventFailed, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: err.Error()}, nil)
-			stopNews()
-			return err
-		}
-		o.step(Event{Type: EventReady, Slot: w.Slot, PID: w.PID, Release: w.Release,
-			Millis: w.ReadyAfter().Milliseconds(), Message: note}, nil)
-	}
-	olds := make([]*Worker, len(group))
-	for k, sl := range group {
-		nw := news[k]
-		o.publish(Event{Type: EventServing, Slot: sl.index, PID: nw.PID, Release: spec.Release, Message: note},
-			func(st *state) {
-				sl.extra = slices.DeleteFunc(sl.extra, func(w *Worker) bool { return w == nw })
-				if sl.cur != nil {
-					olds[k] = sl.cur
-					sl.extra = append(sl.extra, sl.cur)
-				}
-				sl.cur, sl.spec, sl.backoff = nw, spec, spec.Restart.Backoff
-				s.watch(sl, nw)
-			})
-	}
+	olds := o.swapIn(group, news, spec, note)
 	var wg sync.WaitGroup
 	for k, w := range olds {
 		if w == nil {
@@ -204,4 +170,57 @@ func (o *op) replaceGroup(group []*slot, spec *Spec, note string) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// startNews starts a worker on spec beside the current one of every slot
+// of group; news[k] is group[k]'s. On error, news holds those started.
+func (o *op) startNews(group []*slot, spec *Spec, note string) ([]*Worker, error) {
+	news := make([]*Worker, 0, len(group))
+	for _, sl := range group {
+		w, err := spawn(o.s.args(), spec, sl.index)
+		if err != nil {
+			return news, fmt.Errorf("worker %d: %w", sl.index, err)
+		}
+		news = append(news, w)
+		o.step(Event{Type: EventStarted, Slot: sl.index, PID: w.PID, Release: spec.Release, Message: note},
+			func(st *state) { sl.extra = append(sl.extra, w); st.sampleOne(o.s.fs, w) })
+	}
+	return news, nil
+}
+
+// stopNews stops the new workers of a group that did not get ready.
+func (o *op) stopNews(group []*slot, news []*Worker) {
+	var wg sync.WaitGroup
+	for k, w := range news {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.stop(Stopping)
+			o.publish(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: w.ExitDescription()},
+				func(*state) {
+					group[k].extra = slices.DeleteFunc(group[k].extra, func(x *Worker) bool { return x == w })
+				})
+		}()
+	}
+	wg.Wait()
+}
+
+// swapIn makes news[k] the current worker of group[k]; it returns the
+// workers they replace (nil for a new slot), set aside for draining.
+func (o *op) swapIn(group []*slot, news []*Worker, spec *Spec, note string) []*Worker {
+	olds := make([]*Worker, len(group))
+	for k, sl := range group {
+		nw := news[k]
+		o.publish(Event{Type: EventServing, Slot: sl.index, PID: nw.PID, Release: spec.Release, Message: note},
+			func(st *state) {
+				sl.extra = slices.DeleteFunc(sl.extra, func(w *Worker) bool { return w == nw })
+				if sl.cur != nil {
+					olds[k] = sl.cur
+					sl.extra = append(sl.extra, sl.cur)
+				}
+				sl.cur, sl.spec, sl.backoff = nw, spec, spec.Restart.Backoff
+				o.s.watch(sl, nw)
+			})
+	}
+	return olds
 }

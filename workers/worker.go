@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -175,127 +174,6 @@ func (w *Worker) Stop(sig syscall.Signal, timeout time.Duration, state State) {
 
 // stop is Stop with the stop signal and timeout of the worker's spec.
 func (w *Worker) stop(state State) { w.Stop(w.spec.StopSignal, w.spec.StopTimeout, state) }
-
-// spawnArgs is what spawn needs besides the spec.
-type spawnArgs struct {
-	shim     string
-	out, err *logs.Sink
-	app      string
-}
-
-// spawn starts a worker for slot with spec. The worker's own goroutines
-// (output readers, readiness, waiter) end when the process has exited.
-func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
-	notify, err := handoff.ListenNotify()
-	if err != nil {
-		return nil, err
-	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		notify.Close()
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		notify.Close()
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	env := append([]string{}, spec.Env...)
-	env = append(env,
-		"DEPLOYD_APP="+a.app,
-		"DEPLOYD_WORKER="+strconv.Itoa(slot),
-		"DEPLOYD_RELEASE="+spec.Release,
-		handoff.EnvNotifySocket+"="+notify.Addr(),
-	)
-	if spec.Watchdog > 0 {
-		env = append(env, "WATCHDOG_USEC="+strconv.FormatInt(spec.Watchdog.Microseconds(), 10))
-	}
-	cpu := -1
-	if spec.CPUAffinity {
-		cpu = cpuFor(slot)
-	}
-	var ipc *handoff.IPCChannel
-	var extra []*os.File
-	if spec.Ready.Mode == ReadyNodeIPC {
-		if ipc, err = handoff.NewIPCChannel(); err != nil {
-			notify.Close()
-			outR.Close()
-			outW.Close()
-			errR.Close()
-			errW.Close()
-			return nil, err
-		}
-		extra = append(extra, ipc.Child)
-		env = append(env,
-			handoff.EnvNodeChannelFD+"="+strconv.Itoa(3+len(spec.Listeners)),
-			"NODE_CHANNEL_SERIALIZATION_MODE=json")
-	}
-	proc, err := handoff.Start(handoff.Proc{
-		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
-		Stdout: outW, Stderr: errW, Listeners: spec.Listeners, Extra: extra,
-		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
-	})
-	outW.Close()
-	errW.Close()
-	if ipc != nil {
-		ipc.Child.Close()
-	}
-	if err != nil {
-		notify.Close()
-		outR.Close()
-		errR.Close()
-		if ipc != nil {
-			ipc.Parent.Close()
-		}
-		return nil, err
-	}
-	w := &Worker{
-		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
-		Started: time.Now(), proc: proc, tail: logs.NewTail(tailLines),
-		spec:  spec,
-		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting,
-	}
-	uid := os.Getuid()
-	if spec.Credential != nil {
-		uid = int(spec.Credential.Uid)
-	}
-	var notifyDone sync.WaitGroup
-	notifyDone.Add(1)
-	go func() {
-		defer notifyDone.Done()
-		_ = notify.Serve(func(_, from int, msg handoff.Notify) {
-			// Only the worker's user (or root) may speak for it: the
-			// abstract socket's name is visible to every local user.
-			if from == uid || from == 0 {
-				w.onNotify(msg)
-			}
-		})
-	}()
-	var readers sync.WaitGroup
-	readers.Add(2)
-	go w.capture(&readers, outR, a.out, "out", a.app, spec.Ready)
-	go w.capture(&readers, errR, a.err, "err", a.app, spec.Ready)
-	if ipc != nil {
-		readers.Add(1)
-		go w.readIPC(&readers, ipc.Parent)
-	}
-	if spec.Ready.Mode == ReadyDelay {
-		go w.readyAfterDelay(spec.Ready.Delay)
-	}
-	pipes := []*os.File{outR, errR}
-	if ipc != nil {
-		pipes = append(pipes, ipc.Parent)
-	}
-	go func() {
-		w.wait(&readers, pipes)
-		notify.Close()
-		notifyDone.Wait()
-		w.finish()
-	}()
-	return w, nil
-}
 
 // outputGrace bounds the wait for a worker's output after it exited: a
 // descendant that left the process group (setsid, nohup) may hold the pipes

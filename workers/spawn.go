@@ -1,0 +1,168 @@
+package workers
+
+import (
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers/logs"
+)
+
+// spawnArgs is what spawn needs besides the spec.
+type spawnArgs struct {
+	shim     string
+	out, err *logs.Sink
+	app      string
+}
+
+// channels are the agent's ends of what connects it to one worker process.
+// The child ends are closed once the process has started.
+type channels struct {
+	notify                 *handoff.NotifySocket
+	outR, outW, errR, errW *os.File
+	ipc                    *handoff.IPCChannel // node-ipc readiness only
+}
+
+// openChannels opens the notify socket, the output pipes and, for
+// node-ipc readiness, the IPC channel. On error nothing stays open.
+func openChannels(spec *Spec) (*channels, error) {
+	c := &channels{}
+	var err error
+	if c.notify, err = handoff.ListenNotify(); err != nil {
+		return nil, err
+	}
+	if c.outR, c.outW, err = os.Pipe(); err == nil {
+		c.errR, c.errW, err = os.Pipe()
+	}
+	if err == nil && spec.Ready.Mode == ReadyNodeIPC {
+		c.ipc, err = handoff.NewIPCChannel()
+	}
+	if err != nil {
+		c.closeChild()
+		c.closeParent()
+		return nil, err
+	}
+	return c, nil
+}
+
+// closeChild closes the ends the worker got.
+func (c *channels) closeChild() {
+	for _, f := range []*os.File{c.outW, c.errW} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if c.ipc != nil {
+		c.ipc.Child.Close()
+	}
+}
+
+// closeParent closes the agent's ends (after a failed start).
+func (c *channels) closeParent() {
+	c.notify.Close()
+	for _, f := range []*os.File{c.outR, c.errR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if c.ipc != nil {
+		c.ipc.Parent.Close()
+	}
+}
+
+// workerEnv is the worker's environment: the spec's, then its identity,
+// the notify socket, the watchdog and the node-ipc channel.
+func workerEnv(a spawnArgs, spec *Spec, slot int, c *channels) []string {
+	env := append([]string{}, spec.Env...)
+	env = append(env,
+		"DEPLOYD_APP="+a.app,
+		"DEPLOYD_WORKER="+strconv.Itoa(slot),
+		"DEPLOYD_RELEASE="+spec.Release,
+		handoff.EnvNotifySocket+"="+c.notify.Addr(),
+	)
+	if spec.Watchdog > 0 {
+		env = append(env, "WATCHDOG_USEC="+strconv.FormatInt(spec.Watchdog.Microseconds(), 10))
+	}
+	if c.ipc != nil {
+		env = append(env,
+			handoff.EnvNodeChannelFD+"="+strconv.Itoa(3+len(spec.Listeners)),
+			"NODE_CHANNEL_SERIALIZATION_MODE=json")
+	}
+	return env
+}
+
+// spawn starts a worker for slot with spec. The worker's own goroutines
+// (output readers, readiness, waiter) end when the process has exited.
+func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
+	c, err := openChannels(spec)
+	if err != nil {
+		return nil, err
+	}
+	cpu := -1
+	if spec.CPUAffinity {
+		cpu = cpuFor(slot)
+	}
+	var extra []*os.File
+	if c.ipc != nil {
+		extra = append(extra, c.ipc.Child)
+	}
+	proc, err := handoff.Start(handoff.Proc{
+		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: workerEnv(a, spec, slot, c),
+		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Extra: extra,
+		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
+	})
+	c.closeChild()
+	if err != nil {
+		c.closeParent()
+		return nil, err
+	}
+	w := &Worker{
+		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
+		Started: time.Now(), spec: spec, proc: proc, tail: logs.NewTail(tailLines),
+		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting,
+	}
+	w.serve(a, spec, c)
+	return w, nil
+}
+
+// serve starts the worker's goroutines: notify messages, output capture,
+// node-ipc, delay readiness, and the waiter that ends them all.
+func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels) {
+	uid := os.Getuid()
+	if spec.Credential != nil {
+		uid = int(spec.Credential.Uid)
+	}
+	var notifyDone sync.WaitGroup
+	notifyDone.Add(1)
+	go func() {
+		defer notifyDone.Done()
+		_ = c.notify.Serve(func(_, from int, msg handoff.Notify) {
+			// Only the worker's user (or root) may speak for it: the
+			// abstract socket's name is visible to every local user.
+			if from == uid || from == 0 {
+				w.onNotify(msg)
+			}
+		})
+	}()
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go w.capture(&readers, c.outR, a.out, "out", a.app, spec.Ready)
+	go w.capture(&readers, c.errR, a.err, "err", a.app, spec.Ready)
+	pipes := []*os.File{c.outR, c.errR}
+	if c.ipc != nil {
+		readers.Add(1)
+		go w.readIPC(&readers, c.ipc.Parent)
+		pipes = append(pipes, c.ipc.Parent)
+	}
+	if spec.Ready.Mode == ReadyDelay {
+		go w.readyAfterDelay(spec.Ready.Delay)
+	}
+	go func() {
+		w.wait(&readers, pipes)
+		c.notify.Close()
+		notifyDone.Wait()
+		w.finish()
+	}()
+}
