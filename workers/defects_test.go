@@ -3,8 +3,11 @@ package workers
 import (
 	"errors"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/deployd/deployd/handoff"
 )
 
 // A reload that collides with the max_memory monitor's replacement is told
@@ -64,6 +67,8 @@ func TestAbandonedAfterFailedRollbackSaysWhatServes(t *testing.T) {
 	// Slot 0 gets ready on v2, slot 1 fails; the rollback of slot 0 to v1
 	// fails too (first-only exits the second time).
 	spec2 := nextSpec(spec, "serve-ready-slot-0")
+	l2 := newListener(t) // only v2 has it
+	spec2.Listeners = append(slices.Clone(spec.Listeners), l2)
 	err := s.Reload(spec2, Rolling, nil)
 	var ab *AbandonedError
 	if !errors.As(err, &ab) {
@@ -84,5 +89,25 @@ func TestAbandonedAfterFailedRollbackSaysWhatServes(t *testing.T) {
 	st := s.Status()
 	if len(st.Workers) != 2 || st.Workers[0].Release != "v2" || st.Workers[1].Release != "v1" {
 		t.Errorf("after a failed rollback: %+v", st.Workers)
+	}
+	// Slot 0 serves v2's listeners: the agent must not close them.
+	if live := s.LiveListeners(); !slices.Contains(live, l2) || !slices.Contains(live, spec.Listeners[0]) {
+		t.Errorf("LiveListeners = %v, want v1's and v2's", live)
+	}
+}
+
+// After a reload that succeeded, only the new spec's listeners are live.
+func TestLiveListenersAfterReload(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, newListener(t), "serve-ready", 1)
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	spec2 := nextSpec(spec, "serve-ready")
+	spec2.Listeners = []*handoff.Listener{newListener(t)}
+	if err := s.Reload(spec2, Rolling, nil); err != nil {
+		t.Fatal(err)
+	}
+	if live := s.LiveListeners(); !slices.Equal(live, spec2.Listeners) {
+		t.Errorf("LiveListeners = %v, want only v2's %v", live, spec2.Listeners)
 	}
 }
