@@ -333,6 +333,16 @@ func currentWorkers(s *Supervisor) []*Worker {
 	return ws
 }
 
+// exitCode is w's exit code, or -1 when killed by a signal or still running.
+func exitCode(w *Worker) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exitState == nil {
+		return -1
+	}
+	return w.exitState.ExitCode()
+}
+
 func pids(ws []*Worker) []int {
 	var out []int
 	for _, w := range ws {

@@ -25,7 +25,7 @@ func checkReplaced(t *testing.T, s *Supervisor, old []*Worker, spec *Spec) {
 	for i, w := range old {
 		if !isClosed(w.Done()) {
 			t.Errorf("old worker %d (pid %d) still runs", i, w.PID)
-		} else if w.ExitCode() != 0 {
+		} else if exitCode(w) != 0 {
 			t.Errorf("old worker %d: %s, want a clean exit on SIGTERM", i, w.ExitDescription())
 		}
 	}

@@ -10,18 +10,18 @@ import (
 // memory, and checks max_memory and the watchdog.
 const sampleInterval = time.Second
 
-// Usage is a worker's resource use read from /proc.
-type Usage struct {
+// usage is a worker's resource use read from /proc.
+type usage struct {
 	// CPUPercent is over the interval between the last two samples (the
 	// first: since the worker started); 100 = one core.
 	CPUPercent float64
 	RSSBytes   int64
 }
 
-// sample is a worker's Usage as of one tick, with the raw CPU time it was
+// sample is a worker's usage as of one tick, with the raw CPU time it was
 // computed from.
 type sample struct {
-	Usage
+	usage
 	at  time.Time
 	cpu float64 // seconds of CPU
 }

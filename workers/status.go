@@ -71,7 +71,7 @@ func (in *state) status(app string) AppStatus {
 }
 
 func (in *state) workerStatus(w *Worker, now time.Time) WorkerStatus {
-	u := in.usage[w].Usage
+	u := in.usage[w].usage
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ws := WorkerStatus{Slot: w.Slot, PID: w.PID, State: w.state, Release: w.Release,

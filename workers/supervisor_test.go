@@ -69,7 +69,7 @@ func TestStartReadyModes(t *testing.T) {
 				}
 				// A delay-ready helper may not have set up its SIGTERM
 				// handler yet; the others have before they report ready.
-				if w.ExitCode() != 0 && (tc.ready.Mode != ReadyDelay || w.ExitDescription() != "signal: terminated") {
+				if exitCode(w) != 0 && (tc.ready.Mode != ReadyDelay || w.ExitDescription() != "signal: terminated") {
 					t.Errorf("worker %d: %s, want a clean exit on SIGTERM; output %q", i, w.ExitDescription(), w.LastLines())
 				}
 			}
@@ -147,7 +147,7 @@ func TestCrashLoopErrorsThenRestart(t *testing.T) {
 	s := newSupervisor(t, spec)
 	err := s.Start()
 	var nr *NotReadyError
-	if !errors.As(err, &nr) || !nr.Exited || nr.Worker.ExitCode() != 3 {
+	if !errors.As(err, &nr) || !nr.Exited || exitCode(nr.Worker) != 3 {
 		t.Fatalf("Start = %v, want a NotReadyError for a worker that exited 3", err)
 	}
 	waitFor(t, "the app to be errored", func() bool { return s.Status().State == AppErrored })
@@ -189,7 +189,7 @@ func TestRestartReplacesWorkers(t *testing.T) {
 		t.Fatalf("Restart: %v", err)
 	}
 	for i, w := range old {
-		if !isClosed(w.Done()) || w.ExitCode() != 0 {
+		if !isClosed(w.Done()) || exitCode(w) != 0 {
 			t.Errorf("old worker %d: %s", i, w.ExitDescription())
 		}
 	}
@@ -256,7 +256,7 @@ func TestStopTwiceAndAfterStop(t *testing.T) {
 	w := currentWorkers(s)[0]
 	s.Stop()
 	s.Stop()
-	if !isClosed(w.Done()) || w.ExitCode() != 0 {
+	if !isClosed(w.Done()) || exitCode(w) != 0 {
 		t.Errorf("worker after Stop: %s", w.ExitDescription())
 	}
 	if err := s.Start(); !errors.Is(err, ErrCanceled) {
@@ -289,7 +289,7 @@ func TestStartMissingApp(t *testing.T) {
 	s := newSupervisor(t, spec)
 	err := s.Start()
 	var nr *NotReadyError
-	if !errors.As(err, &nr) || nr.Worker.ExitCode() != 127 {
+	if !errors.As(err, &nr) || exitCode(nr.Worker) != 127 {
 		t.Fatalf("Start = %v, want a worker that exited 127", err)
 	}
 	waitFor(t, "the app to be errored", func() bool { return s.Status().State == AppErrored })

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"bufio"
-	"errors"
 	"io"
 	"os"
 	"sync"
@@ -124,45 +123,27 @@ func (w *Worker) ExitDescription() string {
 	return ""
 }
 
-// ExitCode is the exit code, or -1 when killed by a signal or still running.
-func (w *Worker) ExitCode() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.exitState == nil {
-		return -1
-	}
-	return w.exitState.ExitCode()
-}
-
 // LastLines returns the last lines of the worker's output.
 func (w *Worker) LastLines() []string { return w.tail.Lines() }
-
-// Signal sends sig to the worker's main process.
-func (w *Worker) Signal(sig syscall.Signal) error {
-	err := w.proc.Signal(sig)
-	if errors.Is(err, os.ErrProcessDone) {
-		return nil
-	}
-	return err
-}
 
 // killGroup sends SIGKILL to the worker's whole process group.
 func (w *Worker) killGroup() {
 	_ = syscall.Kill(-w.PID, syscall.SIGKILL)
 }
 
-// Stop asks the worker to stop with sig and waits up to timeout; then the
-// process group is killed. Returns when the worker is gone. Safe to call
-// more than once and concurrently.
-func (w *Worker) Stop(sig syscall.Signal, timeout time.Duration, state State) {
+// stop asks the worker to stop with its spec's stop signal and waits up to
+// its stop timeout; then the process group is killed. Returns when the
+// worker is gone. Safe to call more than once and concurrently.
+func (w *Worker) stop(state State) {
 	select {
 	case <-w.exited:
 		return
 	default:
 	}
 	w.setState(state)
-	_ = w.Signal(sig)
-	t := time.NewTimer(timeout)
+	// An exited process is not an error: the wait below returns at once.
+	_ = w.proc.Signal(w.spec.StopSignal)
+	t := time.NewTimer(w.spec.StopTimeout)
 	defer t.Stop()
 	select {
 	case <-w.exited:
@@ -171,9 +152,6 @@ func (w *Worker) Stop(sig syscall.Signal, timeout time.Duration, state State) {
 		<-w.exited
 	}
 }
-
-// stop is Stop with the stop signal and timeout of the worker's spec.
-func (w *Worker) stop(state State) { w.Stop(w.spec.StopSignal, w.spec.StopTimeout, state) }
 
 // outputGrace bounds the wait for a worker's output after it exited: a
 // descendant that left the process group (setsid, nohup) may hold the pipes
