@@ -93,7 +93,7 @@ func (s *Supervisor) watchReady(sl *slot, w *Worker) {
 		s.send(func(st *state) {
 			if sl.cur == w {
 				s.changeStateTo(st, Event{Type: EventReady, Slot: sl.index, PID: w.PID, Release: w.Release,
-					Millis: w.ReadyAfter().Milliseconds()}, nil)
+					Millis: w.ReadyAfter().Milliseconds()}, func() { st.resample(s.fs, w) })
 			}
 		})
 	}()

@@ -111,3 +111,16 @@ func TestLiveListenersAfterReload(t *testing.T) {
 		t.Errorf("LiveListeners = %v, want only v2's %v", live, spec2.Listeners)
 	}
 }
+
+// Status right after Start shows the memory of the ready workers: the loop
+// samples a worker when it gets ready, not only on its next tick.
+func TestStatusAfterStartShowsMemory(t *testing.T) {
+	t.Parallel()
+	s := newSupervisor(t, testSpec(t, newListener(t), "serve-ready", 2))
+	mustStart(t, s)
+	for _, w := range s.Status().Workers {
+		if w.RSSBytes < 1<<20 {
+			t.Errorf("worker %d: RSS %d right after Start, want the ready process's (> 1 MiB)", w.Slot, w.RSSBytes)
+		}
+	}
+}

@@ -149,7 +149,7 @@ func (o *op) replaceGroup(group []*slot, spec *Spec, note string) error {
 				break
 			}
 			o.step(Event{Type: EventReady, Slot: w.Slot, PID: w.PID, Release: w.Release,
-				Millis: w.ReadyAfter().Milliseconds(), Message: note}, nil)
+				Millis: w.ReadyAfter().Milliseconds(), Message: note}, func(st *state) { st.resample(o.s.fs, w) })
 		}
 	}
 	if err != nil {

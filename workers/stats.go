@@ -68,6 +68,15 @@ func (st *state) sampleAll(fs procfs.FS) {
 	}
 }
 
+// resample takes a new sample of w now, continuing its series: the loop
+// does when w gets ready, so that status shows the memory of a running app
+// rather than of a process that just started. Run by the loop.
+func (st *state) resample(fs procfs.FS, w *Worker) {
+	if u, ok := next(fs, w, st.usage[w]); ok {
+		st.usage[w] = u
+	}
+}
+
 // sampleOne takes the first sample of a worker that joined the pool, so
 // that status shows its memory before the next tick. Run by the loop.
 func (st *state) sampleOne(fs procfs.FS, w *Worker) {

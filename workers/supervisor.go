@@ -235,7 +235,7 @@ func (o *op) waitAllReady(ws []*Worker, spec *Spec) []error {
 			continue
 		}
 		o.publish(Event{Type: EventReady, Slot: w.Slot, PID: w.PID, Release: w.Release,
-			Millis: w.ReadyAfter().Milliseconds()}, nil)
+			Millis: w.ReadyAfter().Milliseconds()}, func(st *state) { st.resample(o.s.fs, w) })
 	}
 	return errs
 }
