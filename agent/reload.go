@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -50,7 +49,7 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 	st := newStream(w)
 	if agentChanged {
 		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
-		st.event(workers.Event{Time: time.Now(), App: "agent", Type: "notice",
+		st.event(workers.Event{Time: time.Now(), App: "agent", Type: string(api.EventNotice),
 			Message: "[agent] settings changed; they take effect at the next agent start or `deployd upgrade`"})
 	}
 	results := a.reloadApps(cfg, names, strategy, st.event)
@@ -107,8 +106,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 	}
 	a.mu.Unlock()
 	if !rt.busy.TryLock() {
-		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)
-		return res
+		return appResult(app.Name, workers.ErrBusy)
 	}
 	defer rt.busy.Unlock()
 	a.mu.Lock()
@@ -134,21 +132,14 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 	}
 	res.Release = spec.Release
 	err = rt.sup.Reload(spec, strategy, emit)
-	var ab *workers.AbandonedError
-	switch {
-	case err == nil:
+	if err == nil {
 		a.mu.Lock()
 		rt.set(app, ls)
 		a.mu.Unlock()
-	case errors.Is(err, workers.ErrBusy):
-		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)
-	case errors.As(err, &ab):
-		res.Outcome, res.Error = api.OutcomeAbandoned, ab.Reason.Error()+"; previous version still serving"
-		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
-	default:
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
 	}
-	return res
+	out := appResult(app.Name, err)
+	out.Release = res.Release
+	return out
 }
 
 // removeApps stops apps that are no longer in cfg.
@@ -165,7 +156,7 @@ func (a *Agent) removeApps(cfg *config.Config, emit func(workers.Event)) []api.A
 	var out []api.AppResult
 	for _, rt := range gone {
 		t := time.Now()
-		emit(workers.Event{Time: t, App: rt.name, Type: "removed", Message: "no longer in the config; stopping"})
+		emit(workers.Event{Time: t, App: rt.name, Type: string(api.EventRemoved), Message: "no longer in the config; stopping"})
 		rt.sup.Stop()
 		rt.closeLogs()
 		out = append(out, api.AppResult{App: rt.name, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()})

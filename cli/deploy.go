@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -44,15 +43,21 @@ func deployCommand() *cli.Command {
 			if c.String("artifact") == "" {
 				return fail(ExitUsage, "--artifact is required: an executable file, a folder or a .tar.gz")
 			}
-			art, err := filepath.Abs(c.String("artifact"))
-			if err != nil {
-				return fail(ExitUsage, "--artifact: %v", err)
-			}
-			req := api.DeployRequest{App: c.Args().First(), Artifact: art, Version: c.String("version"),
+			req := api.DeployRequest{App: c.Args().First(), Version: c.String("version"),
 				SHA256: c.String("sha256"), Strategy: c.String("strategy")}
-			return runDeploy(c, "deploy", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.DeployResult, error) {
-				return cl.Deploy(cx, req, on)
+			art, err := openArtifact(c.String("artifact"), &req)
+			if err != nil {
+				return err
+			}
+			defer art.close()
+			err = runDeploy(c, "deploy", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.DeployResult, error) {
+				res, err := cl.Deploy(cx, req, art.f, on)
+				if perr := art.close(); perr != nil && err != nil {
+					return nil, fail(ExitUsage, "--artifact %s: %v; nothing changed", c.String("artifact"), perr)
+				}
+				return res, err
 			})
+			return deployHint(err)
 		},
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -17,8 +17,10 @@ func upgradeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "upgrade",
 		Usage: "replace the running agent (and optionally its binary) without dropping a connection",
-		Description: "The agent verifies --binary (sha256, a minisign signature when [agent]\n" +
-			"upgrade_public_key is set, and that `BINARY version` answers within 5 s), swaps it in\n" +
+		Description: "The CLI opens --binary (and --signature) as you and passes the open file to the agent,\n" +
+			"which copies it beside its own binary, verifies that copy (sha256, a minisign signature\n" +
+			"when [agent] upgrade_public_key is set, always for socket_group members) and only then\n" +
+			"checks that its `version` answers within 5 s, swaps it in\n" +
 			"at the agent's own path keeping a backup, and starts a new agent from it. Every\n" +
 			"listener and the control socket pass to the new agent, which starts its workers and\n" +
 			"only then takes over; the old agent drains its workers and exits. If anything fails,\n" +
@@ -37,25 +39,30 @@ func upgradeCommand() *cli.Command {
 				return fail(ExitUsage, "usage: deployd upgrade [--binary FILE] [--sha256 HEX] [--signature FILE]")
 			}
 			req := api.UpgradeRequest{SHA256: c.String("sha256")}
-			for _, p := range []struct {
-				dst  *string
-				flag string
-			}{{&req.Binary, "binary"}, {&req.Signature, "signature"}} {
-				if v := c.String(p.flag); v != "" {
-					abs, err := filepath.Abs(v)
-					if err != nil {
-						return fail(ExitUsage, "--%s %s: %v", p.flag, v, err)
-					}
-					*p.dst = abs
-				}
-			}
-			if (req.SHA256 != "" || req.Signature != "") && req.Binary == "" {
+			bin, sig := c.String("binary"), c.String("signature")
+			if (req.SHA256 != "" || sig != "") && bin == "" {
 				return fail(ExitUsage, "--sha256 and --signature need --binary")
 			}
+			// The CLI reads both files as the caller; the agent never opens them.
+			var f *os.File
+			if bin != "" {
+				var err error
+				if f, err = os.Open(bin); err != nil {
+					return fail(ExitFailed, "upgrade refused, nothing changed: --binary: %v", err)
+				}
+				defer f.Close()
+			}
+			if sig != "" {
+				b, err := os.ReadFile(sig)
+				if err != nil {
+					return fail(ExitFailed, "upgrade refused, nothing changed: --signature: %v", err)
+				}
+				req.SignatureText = string(b)
+			}
 			cl := client(c)
-			res, err := cl.Upgrade(ctx(c), req)
+			res, err := cl.Upgrade(ctx(c), req, f)
 			var se *api.StatusError
-			if errors.As(err, &se) {
+			if errors.As(withHint(err, upgradeHints), &se) {
 				return fail(ExitFailed, "%s", se.Message)
 			}
 			if err != nil {
