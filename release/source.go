@@ -99,15 +99,19 @@ func checkSource(src Source) error {
 func (s *Store) stage(app string) (string, func(), error) {
 	parent := filepath.Join(s.Dir, app)
 	_, err := os.Stat(parent)
-	created := err != nil
+	newParent := err != nil
+	_, err = os.Stat(s.Dir)
+	newStore := err != nil
 	tmp, err := s.tempDir(app)
 	if err != nil {
 		return "", nil, err
 	}
 	return tmp, func() {
 		os.RemoveAll(tmp)
-		if created {
-			os.Remove(parent) // only if empty
+		if newParent {
+			os.Remove(parent) // only if empty: not after a rename into it
+		}
+		if newStore {
 			os.Remove(s.Dir)
 		}
 	}, nil
