@@ -20,7 +20,9 @@ func deployCommand() *cli.Command {
 		Name:      "deploy",
 		Usage:     "install a release of an app and roll the app to it (a CI/CD pipeline step)",
 		ArgsUsage: "APP",
-		Description: "The artifact is an executable file, a folder or a .tar.gz. It is verified (--sha256),\n" +
+		Description: "The artifact is an executable file, a folder or a .tar.gz. The CLI reads it as you and\n" +
+			"passes it to the agent (a folder as a tar stream), so you can deploy only what you can read.\n" +
+			"It is verified (--sha256),\n" +
 			"installed into state_dir/releases/APP/VERSION (VERSION defaults to the first 12 hex\n" +
 			"digits of its sha256) and the app is rolled to it with a readiness-gated reload.\n" +
 			"The app needs `releases = true`; its workers run in the release folder, where a\n" +

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -230,6 +231,15 @@ func TestMemberDeploysOwnArtifactAndRunsApps(t *testing.T) {
 	// Files the member deployed are in the release, owned as installed.
 	if _, err := os.Stat(filepath.Join(a.Dir, "state", "releases", "web", "v1", "run")); err != nil {
 		t.Errorf("release v1: %v", err)
+	}
+	// A user in socket_group only as a supplementary group is a member too
+	// (SO_PEERGROUPS), with the same limits.
+	supp := &syscall.Credential{Uid: m.Cred.Uid, Gid: 65534, Groups: []uint32{uint32(m.GID)}}
+	if r := a.CLIAs(supp, "status"); r.Code != 0 {
+		t.Errorf("supplementary member's status: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if r := a.CLIAs(supp, "shutdown"); r.Code != 1 || !strings.Contains(r.Stderr, "root and the agent's uid") {
+		t.Errorf("supplementary member's shutdown: exit %d\n%s", r.Code, r.Stderr)
 	}
 	r := a.CLIAs(m.Cred, "shutdown")
 	if r.Code != 1 || !strings.Contains(r.Stderr, "root and the agent's uid") {
