@@ -54,6 +54,10 @@ func (a *Agent) routes() http.Handler {
 			kv = append(kv, "uid", peer.UID, "gid", peer.GID, "pid", peer.PID, "role", peer.Role.String())
 		}
 		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				err = failWith(api.KindTooLarge, "request too large: the limit is %d bytes", mbe.Limit)
+			}
 			log.Warn("control request refused", append(kv, "reason", err.Error())...)
 			writeErr(w, "", err)
 			return

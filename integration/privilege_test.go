@@ -232,6 +232,13 @@ func TestMemberDeploysOwnArtifactAndRunsApps(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(a.Dir, "state", "releases", "web", "v1", "run")); err != nil {
 		t.Errorf("release v1: %v", err)
 	}
+	requireMemberLimits(t, a, m)
+}
+
+// requireMemberLimits: supplementary members are members, a member cannot
+// shut the agent down, and the log names the member's calls.
+func requireMemberLimits(t *testing.T, a *Agent, m *member) {
+	t.Helper()
 	// A user in socket_group only as a supplementary group is a member too
 	// (SO_PEERGROUPS), with the same limits.
 	supp := &syscall.Credential{Uid: m.Cred.Uid, Gid: 65534, Groups: []uint32{uint32(m.GID)}}
