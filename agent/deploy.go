@@ -159,7 +159,7 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 		if errors.As(err, &ab) {
 			res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
 		}
-		if errors.Is(err, workers.ErrBusy) {
+		if kindOf(err) == api.KindBusy {
 			res.Error = busyMessage(rt.name)
 		} else if serr := a.state.update(rt.name, func(s *AppState) {
 			if !slices.Contains(s.Failed, version) {

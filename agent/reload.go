@@ -86,22 +86,18 @@ func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.
 }
 
 func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(workers.Event)) api.AppResult {
-	res := api.AppResult{App: app.Name, Outcome: api.OutcomeDone}
 	a.mu.Lock()
 	rt := a.apps[app.Name]
 	if rt == nil { // a new app: start it
 		nrt, err := a.newApp(app)
 		if err != nil {
 			a.mu.Unlock()
-			res.Outcome, res.Error = api.OutcomeFailed, err.Error()
-			return res
+			return appResult(app.Name, err)
 		}
 		a.apps[app.Name] = nrt
 		a.mu.Unlock()
+		res := appResult(app.Name, nrt.sup.Start())
 		res.Release = nrt.sup.Spec().Release
-		if err := nrt.sup.Start(); err != nil {
-			res.Outcome, res.Error = api.OutcomeFailed, err.Error()
-		}
 		return res
 	}
 	a.mu.Unlock()
@@ -113,8 +109,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 	ls, err := a.acquireListeners(app)
 	if err != nil {
 		a.mu.Unlock()
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
-		return res
+		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
 	a.pin(ls, 1)
 	a.generation++
@@ -127,19 +122,17 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 		a.mu.Unlock()
 	}()
 	if err != nil {
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
-		return res
+		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
-	res.Release = spec.Release
 	err = rt.sup.Reload(spec, strategy, emit)
 	if err == nil {
 		a.mu.Lock()
 		rt.set(app, ls)
 		a.mu.Unlock()
 	}
-	out := appResult(app.Name, err)
-	out.Release = res.Release
-	return out
+	res := appResult(app.Name, err)
+	res.Release = spec.Release
+	return res
 }
 
 // removeApps stops apps that are no longer in cfg.
