@@ -173,6 +173,21 @@ func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
 			}
 		})
 	}
+	// The agent reads a readable artifact and refuses it: the staged copy goes.
+	t.Run("checksum mismatch", func(t *testing.T) {
+		own := m.Dir(t)
+		art := filepath.Join(own, "web.tar.gz")
+		os.WriteFile(art, mustRead(t, releaseTarball(t, "v9")), 0o644)
+		m.Own(t, art)
+		before := tree(t, stateDir)
+		r := a.CLIAs(m.Cred, "deploy", "web", "--artifact", art, "--version", "v9", "--sha256", strings.Repeat("ab", 32))
+		if r.Code != 2 || !strings.Contains(r.Stderr, "sha256 mismatch") {
+			t.Errorf("exit %d, want 2 with sha256 mismatch:\n%s", r.Code, r.Stderr)
+		}
+		if after := tree(t, stateDir); after != before {
+			t.Errorf("state_dir changed:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+	})
 	// An older client naming the path is refused before the agent opens it.
 	t.Run("path in the request", func(t *testing.T) {
 		before := tree(t, stateDir)
@@ -191,6 +206,11 @@ func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
 	})
 	if rel := a.App("web").Release; rel != "" {
 		t.Errorf("release %q after refused deploys", rel)
+	}
+	// Root may still name a path, as before.
+	out := rawAs(t, nil, a.Socket, api.PathDeploy, fmt.Sprintf(`{"app":"web","artifact":%q,"version":"v1"}`, rootOnlyDir(t, 0o700)))
+	if !strings.Contains(out, `"status":"deployed"`) {
+		t.Errorf("root's deploy naming a path: %s", out)
 	}
 }
 
