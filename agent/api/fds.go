@@ -22,8 +22,8 @@ import (
 // (DeployRequest.Attached, UpgradeRequest.Attached). The agent collects the
 // descriptors that arrive on any read of a connection (FileConn); the
 // handler takes them, and any it does not take are closed with the
-// connection. A connection carries at most MaxFiles descriptors; the kernel
-// discards any beyond that.
+// connection. The agent holds at most MaxFiles descriptors per connection
+// and closes any beyond that.
 //
 // Plain HTTP clients (curl) keep working for every other request: a
 // connection that sends no descriptor is an ordinary one.
@@ -68,6 +68,10 @@ func (c *FileConn) keep(oob []byte) {
 			continue
 		}
 		for _, fd := range fds {
+			if len(c.files) >= MaxFiles { // never more than MaxFiles held per connection
+				unix.Close(fd)
+				continue
+			}
 			unix.CloseOnExec(fd)
 			c.files = append(c.files, os.NewFile(uintptr(fd), "passed-file"))
 		}
