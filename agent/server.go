@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -105,6 +106,11 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	err := dec.Decode(v)
 	if errors.Is(err, io.EOF) {
 		return true // an empty body is an empty request
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request too large: the limit is %d bytes", mbe.Limit))
+		return false
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad request: the body is not valid JSON for this call: "+err.Error())
