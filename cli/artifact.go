@@ -79,7 +79,7 @@ func (a *artifact) errOrNil() error {
 // deployHints add the fix, in the CLI's words, to an agent's refusal.
 var deployHints = map[string]string{
 	"checksum-mismatch": "check --sha256, or leave it out",
-	"version-exists":    "pick another --version",
+	"version-exists":    "pick another --version, or remove the folder if deployd did not install it",
 	"not-executable":    "chmod +x the file, or ship a folder or a .tar.gz",
 	"bad-version":       "pass another --version",
 }

@@ -85,7 +85,7 @@ func checkSource(src Source) error {
 			return refuse(NotRegular, "%s is neither a file, a folder nor a .tar.gz", name)
 		}
 		if fi.Mode()&0o111 == 0 {
-			return refuse(NotExecutable, "%s is not executable; make it executable, or ship a folder or a .tar.gz", name)
+			return refuse(NotExecutable, "%s is not executable", name)
 		}
 	case KindTarball, KindDir:
 	default:
@@ -122,13 +122,13 @@ func (s *Store) stage(app string) (string, func(), error) {
 func (s *Store) existing(app, version, sum string) (*Release, error) {
 	if old, err := s.read(app, version); err == nil {
 		if old.SHA256 != sum {
-			return nil, refuse(VersionExists, "version %s of %s already exists with other content (sha256 %s, this one %s); pick another version",
+			return nil, refuse(VersionExists, "version %s of %s already exists with other content (sha256 %s, this one %s)",
 				version, app, old.SHA256, sum)
 		}
 		return old, nil
 	}
 	if _, err := os.Lstat(s.Path(app, version)); err == nil {
-		return nil, refuse(VersionExists, "%s exists but is not a release deployd installed; remove it or pick another version", s.Path(app, version))
+		return nil, refuse(VersionExists, "%s exists but is not a release deployd installed", s.Path(app, version))
 	}
 	return nil, nil
 }

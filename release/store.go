@@ -83,7 +83,7 @@ func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error
 	case !fi.Mode().IsRegular():
 		return nil, refuse(NotRegular, "%s is neither a file, a folder nor a .tar.gz", artifact)
 	case fi.Mode()&0o111 == 0:
-		return nil, refuse(NotExecutable, "%s is not executable; make it executable, or ship a folder or a .tar.gz", artifact)
+		return nil, refuse(NotExecutable, "%s is not executable", artifact)
 	}
 	sum, size, err := digest(artifact, kind)
 	if err != nil {
