@@ -115,7 +115,7 @@ func Run(opts Options) error {
 	}
 	srv := a.newServer()
 	serveDone := make(chan error, 1)
-	go func() { serveDone <- srv.Serve(ctl) }()
+	go func() { serveDone <- srv.Serve(controlListener(ctl)) }()
 
 	t0 := time.Now()
 	stopped, startErr := a.startWatchingSignals(sigs)
@@ -458,7 +458,7 @@ func (a *Agent) newServer() *http.Server {
 	return &http.Server{
 		Handler:           a.routes(),
 		ReadHeaderTimeout: 10 * time.Second,
-		ConnContext:       withPeerCred,
+		ConnContext:       a.connContext,
 		ErrorLog:          a.log.Named("control").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -59,8 +60,9 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if !filepath.IsAbs(req.Artifact) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("artifact %q: the agent needs an absolute path", req.Artifact))
+	install, err := a.deployInput(r, req)
+	if err != nil {
+		writeErr(w, "deploy refused, nothing changed: ", err)
 		return
 	}
 	rt := a.releaseApp(w, req.App)
@@ -69,13 +71,13 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 	}
 	defer rt.busy.Unlock()
 	t := time.Now()
-	rel, err := a.releases.Install(req.App, req.Artifact, req.Version, req.SHA256)
-	if errors.Is(err, release.ErrBadArtifact) {
-		writeError(w, http.StatusUnprocessableEntity, "deploy refused, nothing changed: "+err.Error())
-		return
-	}
+	rel, err := install()
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "deploy failed, nothing changed: "+err.Error())
+		prefix := "deploy refused, nothing changed: "
+		if kindOf(err) == api.KindFailed {
+			prefix = "deploy failed, nothing changed: "
+		}
+		writeErr(w, prefix, err)
 		return
 	}
 	if err := checkReleaseCommand(rt, rel); err != nil {
@@ -85,11 +87,40 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnprocessableEntity, "deploy refused, nothing changed: "+err.Error())
 		return
 	}
-	a.log.Info("release installed", "app", req.App, "version", rel.Version, "sha256", rel.SHA256)
+	a.log.Info("release installed", "app", req.App, "version", rel.Version, "sha256", rel.SHA256, "kind", rel.Kind)
 	st := newStream(w)
 	res := a.rollTo(rt, rel.Version, strategy, st.event, api.DeployDeployed)
 	res.DurationSeconds = time.Since(t).Seconds()
 	st.send(api.StreamLine{Deploy: res})
+}
+
+// deployInput returns the install a deploy request asks for. An attached
+// artifact (a file the client opened) is read from its descriptor; a path
+// is opened by the agent, so only for root and the agent's uid. The file
+// passed is closed when the request ends.
+func (a *Agent) deployInput(r *http.Request, req api.DeployRequest) (func() (*release.Release, error), error) {
+	peer := peerOf(r.Context())
+	if req.Attached {
+		f, err := passedFile(r.Context())
+		if err != nil {
+			return nil, failWith(api.KindUsage, "%w", err)
+		}
+		context.AfterFunc(r.Context(), func() { f.Close() })
+		src := release.Source{File: f, Kind: req.Kind, Name: req.Name}
+		return func() (*release.Release, error) {
+			return a.releases.InstallFrom(req.App, src, req.Version, req.SHA256)
+		}, nil
+	}
+	if peer == nil || peer.Role != RoleOwner {
+		return nil, failWith(api.KindForbidden, "permission denied: the agent opens an artifact path for root and its own uid only; "+
+			"members of socket_group pass the artifact itself: use a deployd CLI of this version or later")
+	}
+	if !filepath.IsAbs(req.Artifact) {
+		return nil, failWith(api.KindUsage, "artifact %q: the agent needs an absolute path", req.Artifact)
+	}
+	return func() (*release.Release, error) {
+		return a.releases.Install(req.App, req.Artifact, req.Version, req.SHA256)
+	}, nil
 }
 
 // checkReleaseCommand makes sure the app's command exists in the release.
@@ -128,7 +159,7 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 		if errors.As(err, &ab) {
 			res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
 		}
-		if errors.Is(err, workers.ErrBusy) {
+		if kindOf(err) == api.KindBusy {
 			res.Error = refusal(rt.name, err)
 		} else if serr := a.state.update(rt.name, func(s *AppState) {
 			if !slices.Contains(s.Failed, version) {

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
-	"github.com/deployd/deployd/workers"
 )
 
 // opApp returns the app named in an operation and holds its busy lock, or
@@ -29,15 +27,10 @@ func (a *Agent) opApp(w http.ResponseWriter, name string) *appRT {
 	return rt
 }
 
-// finishOp streams the result of an operation on one app.
-func finishOp(st *stream, app string, t time.Time, err error) {
-	res := api.AppResult{App: app, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()}
-	if err != nil {
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
-		if errors.Is(err, workers.ErrBusy) {
-			res.Outcome, res.Error = api.OutcomeRefused, refusal(app, err)
-		}
-	}
+// finishOp streams the result of an operation on rt.
+func finishOp(st *stream, rt *appRT, t time.Time, err error) {
+	res := appResult(rt.name, err)
+	res.Release, res.DurationSeconds = rt.sup.Spec().Release, time.Since(t).Seconds()
 	st.send(api.StreamLine{Result: &api.Result{OK: err == nil, Apps: []api.AppResult{res}}})
 }
 
@@ -89,7 +82,7 @@ func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		a.log.Info("app scaled", "app", rt.name, "instances", n)
 	}
-	finishOp(st, rt.name, t, err)
+	finishOp(st, rt, t, err)
 }
 
 // runAppOp decodes an AppRequest, holds the app's busy lock, runs op with
@@ -106,7 +99,7 @@ func (a *Agent) runAppOp(w http.ResponseWriter, r *http.Request, op func(rt *app
 	defer rt.busy.Unlock()
 	st := newStream(w)
 	t := time.Now()
-	finishOp(st, rt.name, t, op(rt, st))
+	finishOp(st, rt, t, op(rt, st))
 }
 
 func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {

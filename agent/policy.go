@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/workers"
 )
@@ -30,12 +29,6 @@ func restartPolicy(r config.Restart) workers.RestartPolicy {
 		Backoff: r.Backoff, MaxBackoff: r.MaxBackoff, MaxRestarts: r.MaxRestarts,
 		Window: r.Window, StableAfter: r.StableAfter,
 	}
-}
-
-// apiEvent is the wire form of a workers event.
-func apiEvent(e workers.Event) api.Event {
-	return api.Event{Time: e.Time, App: e.App, Type: string(e.Type), Slot: e.Slot, PID: e.PID,
-		Release: e.Release, Millis: e.Millis, Message: e.Message}
 }
 
 // refusal words a supervisor's busy refusal of an operation on app: what

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -50,7 +49,7 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 	st := newStream(w)
 	if agentChanged {
 		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
-		st.event(workers.Event{Time: time.Now(), App: "agent", Type: "notice",
+		st.event(workers.Event{Time: time.Now(), App: "agent", Type: workers.EventKind(api.EventNotice),
 			Message: "[agent] settings changed; they take effect at the next agent start or `deployd upgrade`"})
 	}
 	results := a.reloadApps(cfg, names, strategy, st.event)
@@ -87,36 +86,30 @@ func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.
 }
 
 func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(workers.Event)) api.AppResult {
-	res := api.AppResult{App: app.Name, Outcome: api.OutcomeDone}
 	a.mu.Lock()
 	rt := a.apps[app.Name]
 	if rt == nil { // a new app: start it
 		nrt, err := a.newApp(app)
 		if err != nil {
 			a.mu.Unlock()
-			res.Outcome, res.Error = api.OutcomeFailed, err.Error()
-			return res
+			return appResult(app.Name, err)
 		}
 		a.apps[app.Name] = nrt
 		a.mu.Unlock()
+		res := appResult(app.Name, nrt.sup.Start())
 		res.Release = nrt.sup.Spec().Release
-		if err := nrt.sup.Start(); err != nil {
-			res.Outcome, res.Error = api.OutcomeFailed, err.Error()
-		}
 		return res
 	}
 	a.mu.Unlock()
 	if !rt.busy.TryLock() {
-		res.Outcome, res.Error = api.OutcomeRefused, busyMessage(app.Name)
-		return res
+		return appResult(app.Name, workers.ErrBusy)
 	}
 	defer rt.busy.Unlock()
 	a.mu.Lock()
 	ls, err := a.acquireListeners(app)
 	if err != nil {
 		a.mu.Unlock()
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
-		return res
+		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
 	a.pin(ls, 1)
 	a.generation++
@@ -129,25 +122,16 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 		a.mu.Unlock()
 	}()
 	if err != nil {
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()+"; nothing was changed"
-		return res
+		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
-	res.Release = spec.Release
 	err = rt.sup.Reload(spec, strategy, emit)
-	var ab *workers.AbandonedError
-	switch {
-	case err == nil:
+	if err == nil {
 		a.mu.Lock()
 		rt.set(app, ls)
 		a.mu.Unlock()
-	case errors.Is(err, workers.ErrBusy):
-		res.Outcome, res.Error = api.OutcomeRefused, refusal(app.Name, err)
-	case errors.As(err, &ab):
-		res.Outcome, res.Error = api.OutcomeAbandoned, ab.Reason.Error()+"; "+ab.Serving()
-		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
-	default:
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
 	}
+	res := appResult(app.Name, err)
+	res.Release = spec.Release
 	return res
 }
 
@@ -165,7 +149,7 @@ func (a *Agent) removeApps(cfg *config.Config, emit func(workers.Event)) []api.A
 	var out []api.AppResult
 	for _, rt := range gone {
 		t := time.Now()
-		emit(workers.Event{Time: t, App: rt.name, Type: "removed", Message: "no longer in the config; stopping"})
+		emit(workers.Event{Time: t, App: rt.name, Type: workers.EventKind(api.EventRemoved), Message: "no longer in the config; stopping"})
 		rt.sup.Stop()
 		rt.closeLogs()
 		out = append(out, api.AppResult{App: rt.name, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()})

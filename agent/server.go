@@ -1,7 +1,7 @@
 package agent
 
 import (
-	"context"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,90 +12,91 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/workers"
 )
 
-type peerKey struct{}
-
-// withPeerCred stores the client's credentials (SO_PEERCRED) in the
-// connection's context.
-func withPeerCred(ctx context.Context, c net.Conn) context.Context {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return ctx
+// handlers of the calls in Privileges, by "METHOD PATH".
+func (a *Agent) handlers() map[string]http.HandlerFunc {
+	return map[string]http.HandlerFunc{
+		"GET " + api.PathStatus:      a.handleStatus,
+		"GET " + api.PathVersion:     a.handleVersion,
+		"POST " + api.PathShutdown:   a.handleShutdown,
+		"POST " + api.PathReload:     a.handleReload,
+		"POST " + api.PathRestart:    a.handleRestart,
+		"GET " + api.PathLogs:        a.handleLogs,
+		"POST " + api.PathLogsRotate: a.handleLogsRotate,
+		"POST " + api.PathLogsFlush:  a.handleLogsFlush,
+		"POST " + api.PathUpgrade:    a.handleUpgrade,
+		"POST " + api.PathDeploy:     a.handleDeploy,
+		"POST " + api.PathRollback:   a.handleRollback,
+		"GET " + api.PathReleases:    a.handleReleases,
+		"POST " + api.PathScale:      a.handleScale,
+		"POST " + api.PathStop:       a.handleStopApp,
+		"POST " + api.PathStart:      a.handleStartApp,
 	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return ctx
-	}
-	var cred *unix.Ucred
-	_ = raw.Control(func(fd uintptr) {
-		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
-	if cred == nil {
-		return ctx
-	}
-	return context.WithValue(ctx, peerKey{}, cred)
 }
 
-// allowed: root, the agent's own uid, or (with socket_group) that group.
-func (a *Agent) allowed(r *http.Request) (bool, string) {
-	cred, _ := r.Context().Value(peerKey{}).(*unix.Ucred)
-	if cred == nil {
-		return false, "permission denied: the agent could not read the client's credentials"
-	}
-	if cred.Uid == 0 || int(cred.Uid) == os.Getuid() {
-		return true, ""
-	}
-	if g := a.Config().Agent.SocketGroup; g != "" {
-		if gid, err := lookupGroup(g); err == nil && int(cred.Gid) == gid {
-			return true, ""
-		}
-	}
-	return false, fmt.Sprintf("permission denied: uid %d may not control this agent; run as root or as uid %d",
-		cred.Uid, os.Getuid())
-}
-
+// routes serves every call of the Privileges table, each behind its check.
+// Every request is logged with its caller and what it asked.
 func (a *Agent) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+api.PathStatus, a.handleStatus)
-	mux.HandleFunc("GET "+api.PathVersion, a.handleVersion)
-	mux.HandleFunc("POST "+api.PathShutdown, a.handleShutdown)
-	mux.HandleFunc("POST "+api.PathReload, a.handleReload)
-	mux.HandleFunc("POST "+api.PathRestart, a.handleRestart)
-	mux.HandleFunc("GET "+api.PathLogs, a.handleLogs)
-	mux.HandleFunc("POST "+api.PathLogsRotate, a.handleLogsRotate)
-	mux.HandleFunc("POST "+api.PathLogsFlush, a.handleLogsFlush)
-	mux.HandleFunc("POST "+api.PathUpgrade, a.handleUpgrade)
-	mux.HandleFunc("POST "+api.PathDeploy, a.handleDeploy)
-	mux.HandleFunc("POST "+api.PathRollback, a.handleRollback)
-	mux.HandleFunc("GET "+api.PathReleases, a.handleReleases)
-	mux.HandleFunc("POST "+api.PathScale, a.handleScale)
-	mux.HandleFunc("POST "+api.PathStop, a.handleStopApp)
-	mux.HandleFunc("POST "+api.PathStart, a.handleStartApp)
+	hs := a.handlers()
+	for _, p := range Privileges {
+		mux.HandleFunc(p.Method+" "+p.Path, hs[p.Method+" "+p.Path])
+	}
+	log := a.log.Named("control")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if ok, why := a.allowed(r); !ok {
-			a.log.Warn("control request refused", "reason", why)
+		peer := peerOf(r.Context())
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxRequestBytes))
+		kv := []any{"call", r.Method + " " + r.URL.RequestURI(), "request", summarize(body)}
+		if peer != nil {
+			kv = append(kv, "uid", peer.UID, "gid", peer.GID, "pid", peer.PID, "role", peer.Role.String())
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				err = failWith(api.KindTooLarge, "request too large: the limit is %d bytes", mbe.Limit)
+			}
+			log.Warn("control request refused", append(kv, "reason", err.Error())...)
+			writeErr(w, "", err)
+			return
+		}
+		if ok, why := a.authorize(peer, r.Method, r.URL.Path); !ok {
+			log.Warn("control request refused", append(kv, "reason", why)...)
 			writeError(w, http.StatusForbidden, why)
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, api.MaxRequestBytes)
+		log.Info("control request", kv...)
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// summarize is a request body for the log: at most 300 bytes.
+func summarize(body []byte) string {
+	const max = 300
+	b := bytes.TrimSpace(body)
+	if len(b) > max {
+		return string(b[:max]) + "..."
+	}
+	return string(b)
+}
+
+// controlListener makes every connection of the control socket keep the
+// file descriptors clients pass (api.FileConn).
+func controlListener(l net.Listener) net.Listener {
+	if ul, ok := l.(*net.UnixListener); ok {
+		return api.FileListener{UnixListener: ul}
+	}
+	return l
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, api.Error{Error: msg})
 }
 
 // decode reads a JSON body into v; it answers 400 itself on failure.
@@ -106,12 +107,12 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if errors.Is(err, io.EOF) {
 		return true // an empty body is an empty request
 	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request too large: the limit is %d bytes", mbe.Limit))
+		return false
+	}
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request too large: the limit is %d bytes", mbe.Limit))
-			return false
-		}
 		writeError(w, http.StatusBadRequest, "bad request: the body is not valid JSON for this call: "+err.Error())
 		return false
 	}
@@ -202,39 +203,11 @@ func (s *stream) event(e workers.Event) {
 }
 
 func (a *Agent) handleRestart(w http.ResponseWriter, r *http.Request) {
-	var req api.AppRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	a.mu.Lock()
-	rt, cfg := a.apps[req.App], a.cfg
-	a.mu.Unlock()
-	if rt == nil {
-		writeError(w, http.StatusNotFound, unknownApp(req.App, cfg))
-		return
-	}
-	if !rt.busy.TryLock() {
-		writeError(w, http.StatusConflict, busyMessage(req.App))
-		return
-	}
-	defer rt.busy.Unlock()
-	st := newStream(w)
-	t := time.Now()
-	res := api.AppResult{App: req.App, Outcome: api.OutcomeDone, Release: rt.sup.Spec().Release}
-	err := rt.sup.Restart(nil)
-	if err == nil {
-		err = a.state.update(req.App, func(s *AppState) { s.Stopped = false })
-	}
-	if err != nil {
-		res.Outcome, res.Error = api.OutcomeFailed, err.Error()
-		if errors.Is(err, workers.ErrBusy) {
-			res.Outcome, res.Error = api.OutcomeRefused, refusal(req.App, err)
+	a.runAppOp(w, r, func(rt *appRT, _ *stream) error {
+		err := rt.sup.Restart(nil)
+		if err == nil {
+			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
 		}
-	}
-	res.DurationSeconds = time.Since(t).Seconds()
-	st.send(api.StreamLine{Result: &api.Result{OK: res.Outcome == api.OutcomeDone, Apps: []api.AppResult{res}}})
-}
-
-func busyMessage(app string) string {
-	return fmt.Sprintf("%s: another reload, restart or deploy of this app is running; wait for it to finish, then try again", app)
+		return err
+	})
 }

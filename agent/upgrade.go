@@ -11,7 +11,7 @@ import (
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/internal/version"
-	"github.com/deployd/deployd/release"
+	"github.com/deployd/deployd/release/selfupdate"
 )
 
 // probeTimeout bounds `NEW version` before an upgrade.
@@ -21,53 +21,43 @@ const probeTimeout = 5 * time.Second
 var errUpgradeBusy = errors.New("an agent upgrade is already running; wait for it to finish")
 
 // upgrade hands every socket to a new agent started from the binary at the
-// agent's path, after checking that the config on disk is valid. With a
-// binary, that file is verified and swapped in first, and the previous
-// binary is restored if anything fails. It returns when the new agent is
-// ready (this agent then drains and exits) or has failed (this one keeps
-// serving).
-func (a *Agent) upgrade(ctx context.Context, req api.UpgradeRequest) (*api.UpgradeResult, error) {
+// agent's path, after checking that the config on disk is valid. With src
+// (the new binary, as a file the caller opened), its bytes are verified
+// (check), written beside the agent's binary, probed and swapped in, and the
+// previous binary is restored if anything fails. It returns when the new
+// agent is ready (this agent then drains and exits) or has failed (this one
+// keeps serving).
+func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Check) (*api.UpgradeResult, error) {
 	if !a.upgrading.TryLock() {
 		return nil, errUpgradeBusy
 	}
 	defer a.upgrading.Unlock()
 	res := &api.UpgradeResult{OldVersion: version.String(), OldPID: os.Getpid(), NewVersion: version.String()}
-	// A new agent whose predecessor still drains cannot hand off yet
-	// (tableflip#52): wait for it, bounded.
-	if a.upg.HasParent() {
-		wctx, cancel := context.WithTimeout(ctx, a.Config().Agent.UpgradeTimeout)
-		err := a.upg.WaitForParent(wctx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("the previous agent is still draining its workers after upgrade_timeout %s; try again later",
-				a.Config().Agent.UpgradeTimeout)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("wait for the previous agent to exit: %w", err)
-		}
+	if err := a.waitParent(ctx); err != nil {
+		return nil, err
 	}
 	if _, err := config.Load(a.Config().Path); err != nil {
-		return nil, &badRequest{fmt.Errorf("the config on disk is invalid, so a new agent could not start; fix it first:\n%w", err)}
+		return nil, failWith(api.KindRefused, "the config on disk is invalid, so a new agent could not start; fix it first:\n%w", err)
 	}
 	swapped := false
-	if req.Binary != "" {
-		b, err := release.CheckBinary(req.Binary, req.SHA256, req.Signature, a.Config().Agent.UpgradePublicKey, probeTimeout)
+	if src != nil {
+		cand, err := selfupdate.Prepare(src, a.shim, check)
 		if err != nil {
-			return nil, &badRequest{err}
-		}
-		res.NewVersion = b.Version
-		if err := release.Swap(b, a.shim); err != nil {
 			return nil, err
 		}
-		swapped = true
-		a.log.Info("upgrade: new binary in place", "path", a.shim, "version", b.Version, "backup", release.Backup(a.shim))
+		if err := cand.Commit(); err != nil {
+			return nil, err
+		}
+		res.NewVersion, swapped = cand.Version, true
+		a.log.Info("upgrade: new binary in place", "path", a.shim, "version", cand.Version,
+			"sha256", fmt.Sprintf("%x", cand.SHA256), "backup", selfupdate.Backup(a.shim))
 	}
 	a.log.Info("upgrade: starting a new agent", "binary", a.shim)
 	t := time.Now()
 	if err := a.upg.Upgrade(); err != nil {
 		msg := fmt.Sprintf("the new agent did not get ready (%v); this agent (pid %d) keeps serving", err, os.Getpid())
 		if swapped {
-			if rerr := release.Restore(a.shim); rerr != nil {
+			if rerr := selfupdate.Restore(a.shim); rerr != nil {
 				msg += "; restoring the previous binary FAILED: " + rerr.Error()
 			} else {
 				msg += "; the previous binary is restored"
@@ -81,35 +71,95 @@ func (a *Agent) upgrade(ctx context.Context, req api.UpgradeRequest) (*api.Upgra
 	return res, nil
 }
 
-// badRequest marks an error as the caller's (HTTP 422; the CLI exits 1, as
-// for every refused upgrade).
-type badRequest struct{ err error }
+// waitParent waits (bounded) for a predecessor that still drains: a new
+// agent cannot hand off before (tableflip#52).
+func (a *Agent) waitParent(ctx context.Context) error {
+	if !a.upg.HasParent() {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, a.Config().Agent.UpgradeTimeout)
+	defer cancel()
+	err := a.upg.WaitForParent(wctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("the previous agent is still draining its workers after upgrade_timeout %s; try again later",
+			a.Config().Agent.UpgradeTimeout)
+	}
+	if err != nil {
+		return fmt.Errorf("wait for the previous agent to exit: %w", err)
+	}
+	return nil
+}
 
-func (e *badRequest) Error() string { return e.err.Error() }
-func (e *badRequest) Unwrap() error { return e.err }
+// upgradeInput is what an upgrade request gives: the new binary (nil: re-exec
+// the current one) and the checks it must pass for this caller. A member
+// (not root, not the agent's uid) must pass the binary as a file and have it
+// signed for upgrade_public_key; paths are opened only for owners.
+func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File, selfupdate.Check, error) {
+	peer := peerOf(r.Context())
+	owner := peer != nil && peer.Role == RoleOwner
+	check := selfupdate.Check{SHA256: req.SHA256, Signature: []byte(req.SignatureText),
+		PublicKey: a.Config().Agent.UpgradePublicKey, RequireSignature: !owner, ProbeTimeout: probeTimeout}
+	if !owner && (req.Binary != "" || req.Signature != "") {
+		return nil, check, failWith(api.KindForbidden, "permission denied: the agent opens a path for root and its own uid only; "+
+			"members of socket_group pass the file itself: use a deployd CLI of this version or later")
+	}
+	if req.Signature != "" {
+		sig, err := os.ReadFile(req.Signature)
+		if err != nil {
+			return nil, check, failWith(api.KindRefused, "signature: %w", err)
+		}
+		check.Signature = sig
+	}
+	switch {
+	case req.Attached:
+		f, err := passedFile(r.Context())
+		if err != nil {
+			return nil, check, failWith(api.KindUsage, "%w", err)
+		}
+		return f, check, nil
+	case req.Binary != "":
+		f, err := os.Open(req.Binary)
+		if err != nil {
+			return nil, check, failWith(api.KindRefused, "new binary: %w", err)
+		}
+		return f, check, nil
+	case !owner:
+		return nil, check, failWith(api.KindForbidden, "permission denied: members of socket_group may upgrade the agent only to a new binary "+
+			"signed for [agent] upgrade_public_key; re-executing the current binary is for root and the agent's uid %d", os.Getuid())
+	}
+	return nil, check, nil
+}
 
 func (a *Agent) handleUpgrade(w http.ResponseWriter, r *http.Request) {
 	var req api.UpgradeRequest
 	if !decode(w, r, &req) {
 		return
 	}
-	res, err := a.upgrade(r.Context(), req)
-	var br *badRequest
-	switch {
-	case err == nil:
-		writeJSON(w, http.StatusOK, res)
-	case errors.Is(err, errUpgradeBusy):
-		writeError(w, http.StatusConflict, err.Error())
-	case errors.As(err, &br):
-		writeError(w, http.StatusUnprocessableEntity, "upgrade refused, nothing changed: "+err.Error())
-	default:
-		writeError(w, http.StatusInternalServerError, "upgrade failed: "+err.Error())
+	src, check, err := a.upgradeInput(r, req)
+	if src != nil {
+		defer src.Close()
 	}
+	if err == nil {
+		var res *api.UpgradeResult
+		if res, err = a.upgrade(r.Context(), src, check); err == nil {
+			writeJSON(w, http.StatusOK, res)
+			return
+		}
+	}
+	prefix := "upgrade refused, nothing changed: "
+	switch kindOf(err) {
+	case api.KindFailed:
+		prefix = "upgrade failed: "
+	case api.KindBusy:
+		prefix = ""
+	}
+	a.log.Warn("upgrade refused or failed", "error", err)
+	writeErr(w, prefix, err)
 }
 
 // upgradeAsync runs a handoff on SIGHUP (systemctl reload).
 func (a *Agent) upgradeAsync() {
-	if _, err := a.upgrade(context.Background(), api.UpgradeRequest{}); err != nil {
+	if _, err := a.upgrade(context.Background(), nil, selfupdate.Check{}); err != nil {
 		a.log.Error("SIGHUP: upgrade refused or failed; this agent keeps serving", "error", err)
 	}
 }

@@ -20,11 +20,12 @@ import (
 )
 
 // Exit codes of every command.
+// The table that maps an agent's answer to one is api.Kind's (agent/api/outcome.go).
 const (
-	ExitOK          = 0
-	ExitFailed      = 1 // the operation failed (e.g. reload abandoned)
-	ExitUsage       = 2 // usage or config error
-	ExitUnreachable = 3 // the agent cannot be reached
+	ExitOK          = api.ExitOK
+	ExitFailed      = api.ExitFailed      // the operation failed (e.g. reload abandoned)
+	ExitUsage       = api.ExitUsage       // usage or config error
+	ExitUnreachable = api.ExitUnreachable // the agent cannot be reached
 )
 
 // exitError carries an exit code and a message already meant for the user.
@@ -69,10 +70,7 @@ func exitCodeOf(err error) int {
 		}
 		return ExitUnreachable
 	case errors.As(err, &se):
-		if se.IsUsage() {
-			return ExitUsage
-		}
-		return ExitFailed
+		return se.Kind.ExitCode()
 	}
 	return ExitUsage // urfave/cli's own errors are usage errors (bad flag, ...)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,7 +20,9 @@ func deployCommand() *cli.Command {
 		Name:      "deploy",
 		Usage:     "install a release of an app and roll the app to it (a CI/CD pipeline step)",
 		ArgsUsage: "APP",
-		Description: "The artifact is an executable file, a folder or a .tar.gz. It is verified (--sha256),\n" +
+		Description: "The artifact is an executable file, a folder or a .tar.gz. The CLI reads it as you and\n" +
+			"passes it to the agent (a folder as a tar stream), so you can deploy only what you can read.\n" +
+			"It is verified (--sha256),\n" +
 			"installed into state_dir/releases/APP/VERSION (VERSION defaults to the first 12 hex\n" +
 			"digits of its sha256) and the app is rolled to it with a readiness-gated reload.\n" +
 			"The app needs `releases = true`; its workers run in the release folder, where a\n" +
@@ -44,15 +45,21 @@ func deployCommand() *cli.Command {
 			if c.String("artifact") == "" {
 				return fail(ExitUsage, "--artifact is required: an executable file, a folder or a .tar.gz")
 			}
-			art, err := filepath.Abs(c.String("artifact"))
-			if err != nil {
-				return fail(ExitUsage, "--artifact: %v", err)
-			}
-			req := api.DeployRequest{App: c.Args().First(), Artifact: art, Version: c.String("version"),
+			req := api.DeployRequest{App: c.Args().First(), Version: c.String("version"),
 				SHA256: c.String("sha256"), Strategy: c.String("strategy")}
-			return runDeploy(c, "deploy", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.DeployResult, error) {
-				return cl.Deploy(cx, req, on)
+			art, err := openArtifact(c.String("artifact"), &req)
+			if err != nil {
+				return err
+			}
+			defer art.close()
+			err = runDeploy(c, "deploy", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.DeployResult, error) {
+				res, err := cl.Deploy(cx, req, art.f, on)
+				if perr := art.close(); perr != nil && err != nil {
+					return nil, fail(ExitUsage, "--artifact %s: %v; nothing changed", c.String("artifact"), perr)
+				}
+				return res, err
 			})
+			return deployHint(err)
 		},
 	}
 }

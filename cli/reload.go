@@ -124,7 +124,7 @@ func opError(c *cli.Context, verb string, err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return fail(ExitFailed, "%s: gave up waiting after --timeout %s; the agent goes on with it (see `deployd status`)",
 			verb, c.Duration("timeout"))
-	case errors.As(err, &se) && se.Code == 409:
+	case errors.As(err, &se) && se.Kind == api.KindBusy:
 		return fail(ExitFailed, "%s", se.Message)
 	}
 	return err
@@ -132,19 +132,19 @@ func opError(c *cli.Context, verb string, err error) error {
 
 func printEvent(w io.Writer, e api.Event) {
 	note := ""
-	if e.Message != "" && e.Type != "exited" && e.Type != "failed" {
+	if e.Message != "" && e.Type != api.EventExited && e.Type != api.EventFailed {
 		note = " (" + e.Message + ")"
 	}
 	switch e.Type {
-	case "started":
+	case api.EventStarted:
 		fmt.Fprintf(w, "%s[%d]: started pid %d, release %s%s\n", e.App, e.Slot, e.PID, e.Release, note)
-	case "ready":
+	case api.EventReady:
 		fmt.Fprintf(w, "%s[%d]: pid %d ready after %d ms%s\n", e.App, e.Slot, e.PID, e.Millis, note)
-	case "draining":
+	case api.EventDraining:
 		fmt.Fprintf(w, "%s[%d]: old pid %d draining\n", e.App, e.Slot, e.PID)
-	case "exited":
+	case api.EventExited:
 		fmt.Fprintf(w, "%s[%d]: pid %d exited after %d ms (%s)\n", e.App, e.Slot, e.PID, e.Millis, e.Message)
-	case "failed":
+	case api.EventFailed:
 		fmt.Fprintf(w, "%s[%d]: pid %d failed: %s\n", e.App, e.Slot, e.PID, e.Message)
 	default:
 		fmt.Fprintf(w, "%s: %s %s\n", e.App, e.Type, e.Message)

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -17,8 +17,10 @@ func upgradeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "upgrade",
 		Usage: "replace the running agent (and optionally its binary) without dropping a connection",
-		Description: "The agent verifies --binary (sha256, a minisign signature when [agent]\n" +
-			"upgrade_public_key is set, and that `BINARY version` answers within 5 s), swaps it in\n" +
+		Description: "The CLI opens --binary (and --signature) as you and passes the open file to the agent,\n" +
+			"which copies it beside its own binary, verifies that copy (sha256, a minisign signature\n" +
+			"when [agent] upgrade_public_key is set, always for socket_group members) and only then\n" +
+			"checks that its `version` answers within 5 s, swaps it in\n" +
 			"at the agent's own path keeping a backup, and starts a new agent from it. Every\n" +
 			"listener and the control socket pass to the new agent, which starts its workers and\n" +
 			"only then takes over; the old agent drains its workers and exits. If anything fails,\n" +
@@ -32,46 +34,55 @@ func upgradeCommand() *cli.Command {
 			&cli.StringFlag{Name: "sha256", Usage: "expected sha256 of --binary, `HEX`"},
 			&cli.StringFlag{Name: "signature", Usage: "minisign signature `FILE` of --binary"},
 		),
-		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return fail(ExitUsage, "usage: deployd upgrade [--binary FILE] [--sha256 HEX] [--signature FILE]")
-			}
-			req := api.UpgradeRequest{SHA256: c.String("sha256")}
-			for _, p := range []struct {
-				dst  *string
-				flag string
-			}{{&req.Binary, "binary"}, {&req.Signature, "signature"}} {
-				if v := c.String(p.flag); v != "" {
-					abs, err := filepath.Abs(v)
-					if err != nil {
-						return fail(ExitUsage, "--%s %s: %v", p.flag, v, err)
-					}
-					*p.dst = abs
-				}
-			}
-			if (req.SHA256 != "" || req.Signature != "") && req.Binary == "" {
-				return fail(ExitUsage, "--sha256 and --signature need --binary")
-			}
-			cl := client(c)
-			res, err := cl.Upgrade(ctx(c), req)
-			var se *api.StatusError
-			if errors.As(err, &se) {
-				return fail(ExitFailed, "%s", se.Message)
-			}
-			if err != nil {
-				return err
-			}
-			if v := waitNewAgent(ctx(c), cl, res.OldPID); v != nil {
-				res.NewPID, res.NewVersion = v.PID, v.Version
-			}
-			if c.Bool("json") {
-				return json.NewEncoder(c.App.Writer).Encode(res)
-			}
-			fmt.Fprintf(c.App.ErrWriter, "agent upgraded: %s (pid %d) -> %s (pid %d) in %s\n", res.OldVersion, res.OldPID,
-				res.NewVersion, res.NewPID, time.Duration(res.DurationSeconds*float64(time.Second)).Round(time.Millisecond))
-			return nil
-		},
+		Action: runUpgrade,
 	}
+}
+
+// runUpgrade reads --binary and --signature as the caller and passes them
+// to the agent; every refusal exits 1.
+func runUpgrade(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return fail(ExitUsage, "usage: deployd upgrade [--binary FILE] [--sha256 HEX] [--signature FILE]")
+	}
+	req := api.UpgradeRequest{SHA256: c.String("sha256")}
+	bin, sig := c.String("binary"), c.String("signature")
+	if (req.SHA256 != "" || sig != "") && bin == "" {
+		return fail(ExitUsage, "--sha256 and --signature need --binary")
+	}
+	// The CLI reads both files as the caller; the agent never opens them.
+	var f *os.File
+	if bin != "" {
+		var err error
+		if f, err = os.Open(bin); err != nil {
+			return fail(ExitFailed, "upgrade refused, nothing changed: --binary: %v", err)
+		}
+		defer f.Close()
+	}
+	if sig != "" {
+		b, err := os.ReadFile(sig)
+		if err != nil {
+			return fail(ExitFailed, "upgrade refused, nothing changed: --signature: %v", err)
+		}
+		req.SignatureText = string(b)
+	}
+	cl := client(c)
+	res, err := cl.Upgrade(ctx(c), req, f)
+	var se *api.StatusError
+	if errors.As(withHint(err, upgradeHints), &se) {
+		return fail(ExitFailed, "%s", se.Message)
+	}
+	if err != nil {
+		return err
+	}
+	if v := waitNewAgent(ctx(c), cl, res.OldPID); v != nil {
+		res.NewPID, res.NewVersion = v.PID, v.Version
+	}
+	if c.Bool("json") {
+		return json.NewEncoder(c.App.Writer).Encode(res)
+	}
+	fmt.Fprintf(c.App.ErrWriter, "agent upgraded: %s (pid %d) -> %s (pid %d) in %s\n", res.OldVersion, res.OldPID,
+		res.NewVersion, res.NewPID, time.Duration(res.DurationSeconds*float64(time.Second)).Round(time.Millisecond))
+	return nil
 }
 
 // waitNewAgent waits until the control socket is answered by an agent other

@@ -1,3 +1,7 @@
+// Package release keeps the releases of apps on disk: it installs an
+// artifact (from a path, or from a file the client opened and passed),
+// verifies its checksum, and keeps the history for rollback and pruning.
+// It never starts processes; the agent's own binary is release/selfupdate's.
 package release
 
 import (
@@ -17,10 +21,6 @@ import (
 	"syscall"
 	"time"
 )
-
-// ErrBadArtifact is wrapped by every refusal of an artifact; nothing was
-// installed.
-var ErrBadArtifact = errors.New("release: artifact refused")
 
 // Kinds of artifact.
 const (
@@ -66,12 +66,13 @@ func (s *Store) Path(app, version string) string {
 // the same content under an existing version is a no-op; other content
 // under an existing version is refused. On error nothing is left behind.
 func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error) {
-	refuse := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadArtifact, fmt.Sprintf(format, args...))
-	}
 	fi, err := os.Stat(artifact)
 	if err != nil {
-		return nil, refuse("%v", err)
+		p := Unreadable
+		if errors.Is(err, fs.ErrNotExist) {
+			p = NotFound
+		}
+		return nil, refuse(p, "%v", err)
 	}
 	kind := KindFile
 	switch {
@@ -80,41 +81,35 @@ func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error
 	case strings.HasSuffix(artifact, ".tar.gz") || strings.HasSuffix(artifact, ".tgz"):
 		kind = KindTarball
 	case !fi.Mode().IsRegular():
-		return nil, refuse("%s is neither a file, a folder nor a .tar.gz", artifact)
+		return nil, refuse(NotRegular, "%s is neither a file, a folder nor a .tar.gz", artifact)
 	case fi.Mode()&0o111 == 0:
-		return nil, refuse("%s is not executable; chmod +x it, or ship a folder or a .tar.gz", artifact)
+		return nil, refuse(NotExecutable, "%s is not executable", artifact)
 	}
 	sum, size, err := digest(artifact, kind)
 	if err != nil {
-		return nil, refuse("read %s: %v", artifact, err)
+		return nil, refuse(Unreadable, "read %s: %v", artifact, err)
 	}
 	if wantSHA != "" && !strings.EqualFold(strings.TrimSpace(wantSHA), sum) {
-		return nil, refuse("sha256 mismatch: %s has %s, expected %s", artifact, sum, wantSHA)
+		return nil, refuse(ChecksumMismatch, "sha256 mismatch: %s has %s, expected %s", artifact, sum, wantSHA)
 	}
 	if version == "" {
 		version = sum[:shortSHALen]
 	}
-	if len(version) > maxVersion || !versionRE.MatchString(version) {
-		return nil, refuse("version %q: use letters, digits, '.', '_', '+' and '-' (at most %d), starting with a letter or digit", version, maxVersion)
+	if err := checkVersion(version); err != nil {
+		return nil, err
 	}
-	dst := s.Path(app, version)
-	if old, err := s.read(app, version); err == nil {
-		if old.SHA256 != sum {
-			return nil, refuse("version %s of %s already exists with other content (sha256 %s, this one %s); pick another --version",
-				version, app, old.SHA256, sum)
-		}
-		return old, nil
-	} else if _, serr := os.Stat(dst); serr == nil {
-		return nil, refuse("%s exists but is not a release deployd installed; remove it or pick another --version", dst)
+	if old, err := s.existing(app, version, sum); err != nil || old != nil {
+		return old, err
 	}
-	tmp, err := s.tempDir(app)
+	tmp, cleanup, err := s.stage(app)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp) // a no-op after the rename
+	defer cleanup() // a no-op for the folder after the rename
 	if err := unpack(artifact, kind, tmp); err != nil {
-		return nil, refuse("%v", err)
+		return nil, refuse(Unpack, "%v", err)
 	}
+	dst := s.Path(app, version)
 	rel := &Release{App: app, Version: version, InstalledAt: time.Now().UTC(), SHA256: sum, Size: size,
 		Kind: kind, Artifact: artifact, Path: dst}
 	if err := writeMeta(tmp, rel); err != nil {
@@ -301,4 +296,12 @@ func writeMeta(dir string, rel *Release) error {
 		return fmt.Errorf("record release: %w", err)
 	}
 	return f.Close()
+}
+
+// syncDir makes renames in dir durable.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 }

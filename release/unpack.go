@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -13,6 +14,10 @@ import (
 	"strings"
 	"syscall"
 )
+
+// PackEnd is the name of the last entry of a folder's tar stream (the
+// client's api.PackDir writes it; a stream without it is incomplete).
+const PackEnd = ".deployd-pack-end"
 
 // Limits of an extracted tarball.
 const (
@@ -31,16 +36,32 @@ func Extract(r io.Reader, dst string) error {
 		return fmt.Errorf("not a .tar.gz: %w", err)
 	}
 	defer gz.Close()
+	return extract(tar.NewReader(gz), dst, nil)
+}
+
+// extract writes the entries of tr under dst (see Extract). With dig set,
+// it also hashes each entry as digest hashes a folder.
+func extract(tr *tar.Reader, dst string, dig hash.Hash) error {
 	root, err := os.OpenRoot(dst)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	tr := tar.NewReader(gz)
 	var total int64
 	for n := 0; ; n++ {
 		h, err := tr.Next()
+		if errors.Is(err, io.EOF) && dig != nil {
+			// A folder's stream ends with PackEnd; without it the client
+			// stopped early (it could not read something).
+			return errors.New("the folder's tar stream ended before its end marker; the client did not send all of it")
+		}
 		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if dig != nil && h.Name == PackEnd {
+			if _, err := tr.Next(); !errors.Is(err, io.EOF) {
+				return fmt.Errorf("the folder's tar stream goes on after its end marker %s", PackEnd)
+			}
 			return nil
 		}
 		if err != nil {
@@ -54,7 +75,11 @@ func Extract(r io.Reader, dst string) error {
 				return fmt.Errorf("tarball unpacks to more than %d bytes", int64(maxTotalSize))
 			}
 		}
-		if err := extractEntry(root, tr, h); err != nil {
+		var body io.Reader = tr
+		if dig != nil {
+			body = hashEntry(dig, h, tr)
+		}
+		if err := extractEntry(root, body, h); err != nil {
 			return err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"syscall"
 	"time"
 )
@@ -54,19 +55,23 @@ func (e *UnreachableError) Unwrap() error { return e.Err }
 // StatusError is a non-2xx answer of the agent.
 type StatusError struct {
 	Code    int
+	Kind    Kind
+	Reason  string // Error.Reason
 	Message string
 }
 
 func (e *StatusError) Error() string { return e.Message }
 
 // IsUsage reports whether the agent rejected the request as invalid
-// (bad input, unknown app, invalid config).
-func (e *StatusError) IsUsage() bool {
-	return e.Code == http.StatusBadRequest || e.Code == http.StatusNotFound ||
-		e.Code == http.StatusUnprocessableEntity || e.Code == http.StatusRequestEntityTooLarge
-}
+// (bad input, unknown app, invalid config): the CLI exits 2.
+func (e *StatusError) IsUsage() bool { return e.Kind.ExitCode() == ExitUsage }
 
 func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	return c.doOn(ctx, c.hc, method, path, body)
+}
+
+// doOn sends a request with hc (c.hc, or withFile's one-shot client).
+func (c *Client) doOn(ctx context.Context, hc *http.Client, method, path string, body any) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -82,7 +87,7 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		var ne *net.OpError
 		if errors.As(err, &ne) && ne.Op == "dial" {
@@ -100,7 +105,10 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 		if json.Unmarshal(b, &e) != nil || e.Error == "" {
 			e.Error = fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))
 		}
-		return nil, &StatusError{Code: resp.StatusCode, Message: e.Error}
+		if e.Kind == "" {
+			e.Kind = KindOfStatus(resp.StatusCode)
+		}
+		return nil, &StatusError{Code: resp.StatusCode, Kind: e.Kind, Reason: e.Reason, Message: e.Error}
 	}
 	return resp, nil
 }
@@ -153,7 +161,11 @@ func (c *Client) Restart(ctx context.Context, app string, onEvent func(Event)) (
 
 // Stream posts body to path and reads a stream of StreamLines until the result.
 func (c *Client) Stream(ctx context.Context, path string, body any, onEvent func(Event)) (*Result, error) {
-	resp, err := c.do(ctx, http.MethodPost, path, body)
+	return c.streamOn(ctx, c.hc, path, body, onEvent)
+}
+
+func (c *Client) streamOn(ctx context.Context, hc *http.Client, path string, body any, onEvent func(Event)) (*Result, error) {
+	resp, err := c.doOn(ctx, hc, http.MethodPost, path, body)
 	if err != nil {
 		return nil, err
 	}
@@ -216,15 +228,38 @@ func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
 }
 
 // Upgrade asks the agent to hand off to a new binary; it returns when the
-// new agent is ready or the upgrade failed.
-func (c *Client) Upgrade(ctx context.Context, req UpgradeRequest) (*UpgradeResult, error) {
+// new agent is ready or the upgrade failed. With binary set, the agent
+// installs the bytes of that open file (req.Attached is set for it);
+// Upgrade closes binary once sent.
+func (c *Client) Upgrade(ctx context.Context, req UpgradeRequest, binary *os.File) (*UpgradeResult, error) {
+	hc := c.hc
+	if binary != nil {
+		req.Attached, req.Binary = true, ""
+		hc = c.withFile(binary)
+	}
+	resp, err := c.doOn(ctx, hc, http.MethodPost, PathUpgrade, req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
 	var res UpgradeResult
-	return &res, c.getJSON(ctx, http.MethodPost, PathUpgrade, req, &res)
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		return nil, fmt.Errorf("agent answer: %w", err)
+	}
+	return &res, nil
 }
 
-// Deploy installs an artifact and rolls the app to it.
-func (c *Client) Deploy(ctx context.Context, req DeployRequest, onEvent func(Event)) (*DeployResult, error) {
-	res, err := c.Stream(ctx, PathDeploy, req, onEvent)
+// Deploy installs an artifact and rolls the app to it. With artifact set,
+// the agent reads the artifact from that open file (a regular file, or a
+// pipe carrying a tar stream for KindDir; req.Attached is set for it);
+// Deploy closes artifact once sent.
+func (c *Client) Deploy(ctx context.Context, req DeployRequest, artifact *os.File, onEvent func(Event)) (*DeployResult, error) {
+	hc := c.hc
+	if artifact != nil {
+		req.Attached, req.Artifact = true, ""
+		hc = c.withFile(artifact)
+	}
+	res, err := c.streamOn(ctx, hc, PathDeploy, req, onEvent)
 	if err != nil {
 		return nil, err
 	}

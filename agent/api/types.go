@@ -77,11 +77,33 @@ type AppRequest struct {
 	App string `json:"app"`
 }
 
+// EventType names a progress step of an operation.
+type EventType string
+
+// Event types (the "type" of an Event on the wire).
+const (
+	EventStarted  EventType = "started"  // a new worker was started
+	EventReady    EventType = "ready"    // a worker is ready
+	EventDraining EventType = "draining" // an old worker got its stop signal
+	EventExited   EventType = "exited"   // a worker exited
+	EventFailed   EventType = "failed"   // a step failed (the operation goes back)
+	EventRollback EventType = "rollback" // an abandoned operation rolls back
+	EventNotice   EventType = "notice"   // a note about the operation
+	EventRemoved  EventType = "removed"  // an app left the config and is stopping
+	EventServing  EventType = "serving"  // a new worker took over its slot
+	EventCrash    EventType = "crash"    // a worker exited on its own
+	EventRestart  EventType = "restart"  // a crashed worker's slot got a new worker
+	EventErrored  EventType = "errored"  // too many crashes: no more restarts
+	EventReplace  EventType = "replace"  // max_memory or watchdog replaced a worker
+	EventState    EventType = "state"    // the app's state changed (Message: the new state)
+	EventSlots    EventType = "slots"    // the number of slots changed
+)
+
 // Event is one progress step of an operation.
 type Event struct {
 	Time    time.Time `json:"time"`
 	App     string    `json:"app"`
-	Type    string    `json:"type"`
+	Type    EventType `json:"type"`
 	Slot    int       `json:"slot"`
 	PID     int       `json:"pid,omitempty"`
 	Release string    `json:"release,omitempty"`
@@ -123,9 +145,15 @@ type AppResult struct {
 	DurationSeconds float64  `json:"duration_seconds"`
 }
 
-// Error is the body of every non-2xx answer.
+// Error is the body of every non-2xx answer. Kind is how the request
+// ended (see outcome.go); older agents leave it out.
 type Error struct {
 	Error string `json:"error"`
+	Kind  Kind   `json:"kind,omitempty"`
+	// Reason is a stable name of what was wrong with a refused input
+	// (e.g. "checksum-mismatch", "signature-required"), for the CLI to
+	// add the fix in its own words (its flags).
+	Reason string `json:"reason,omitempty"`
 }
 
 // VersionInfo is the answer of GET /v1/version.
@@ -137,12 +165,19 @@ type VersionInfo struct {
 // PathUpgrade is POST: hand every socket to a new agent binary.
 const PathUpgrade = "/v1/upgrade"
 
-// UpgradeRequest is the body of POST /v1/upgrade. With Binary empty the
-// agent re-executes the binary at its own path (as on SIGHUP).
+// UpgradeRequest is the body of POST /v1/upgrade. With Attached, the new
+// binary is the file descriptor passed with the request (fds.go). Without
+// it and with Binary empty the agent re-executes the binary at its own path
+// (as on SIGHUP).
 type UpgradeRequest struct {
+	Attached bool `json:"attached,omitempty"`
+	// Binary and Signature are paths the agent opens itself: refused for
+	// callers other than root and the agent's uid (older CLIs sent them).
 	Binary    string `json:"binary,omitempty"`
+	Signature string `json:"signature,omitempty"`
 	SHA256    string `json:"sha256,omitempty"`
-	Signature string `json:"signature,omitempty"` // path of a minisign signature file
+	// SignatureText is the content of the minisign signature of the binary.
+	SignatureText string `json:"signature_text,omitempty"`
 }
 
 // UpgradeResult is the answer of a successful upgrade.
@@ -161,11 +196,19 @@ const (
 	PathReleases = "/v1/releases" // GET ?app=
 )
 
-// DeployRequest is the body of POST /v1/deploy. Artifact is an absolute
-// path on the agent's host: an executable, a folder or a .tar.gz.
+// DeployRequest is the body of POST /v1/deploy. With Attached, the artifact
+// is the file descriptor passed with the request (fds.go): an executable or
+// a .tar.gz (Kind "file" or "tar.gz", a regular file), or a folder the
+// client packed as an uncompressed tar stream in deterministic order (Kind
+// "dir", usually a pipe). Name is the artifact's base name. Without
+// Attached, Artifact is an absolute path the agent opens itself: refused
+// for callers other than root and the agent's uid.
 type DeployRequest struct {
 	App      string `json:"app"`
-	Artifact string `json:"artifact"`
+	Attached bool   `json:"attached,omitempty"`
+	Kind     string `json:"kind,omitempty"`
+	Name     string `json:"name,omitempty"`
+	Artifact string `json:"artifact,omitempty"`
 	Version  string `json:"version,omitempty"`
 	SHA256   string `json:"sha256,omitempty"`
 	Strategy string `json:"strategy,omitempty"`
