@@ -51,7 +51,7 @@ func (a *Agent) allowed(r *http.Request) (bool, string) {
 	if cred.Uid == 0 || int(cred.Uid) == os.Getuid() {
 		return true, ""
 	}
-	if g := a.Config().Agent.SocketGroup; g != "" {
+	if g := a.settings.SocketGroup; g != "" {
 		if gid, err := lookupGroup(g); err == nil && int(cred.Gid) == gid {
 			return true, ""
 		}
@@ -129,25 +129,18 @@ func (a *Agent) handleShutdown(w http.ResponseWriter, _ *http.Request) {
 
 func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("app")
-	a.mu.Lock()
-	cfg := a.cfg
-	rts := map[string]*appRT{}
-	for n, rt := range a.apps {
-		rts[n] = rt
-	}
-	a.mu.Unlock()
-	if name != "" && rts[name] == nil {
-		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
-		return
-	}
 	st := api.Status{Agent: api.Agent{
 		Version: version.String(), PID: os.Getpid(), UptimeSeconds: time.Since(a.started).Seconds(),
-		Config: cfg.Path, Socket: a.socket, RSSBytes: selfRSS(),
+		Config: a.path, Socket: a.socket, RSSBytes: selfRSS(),
 	}, Apps: []api.App{}}
-	for _, n := range sortedKeys(rts) {
-		if name == "" || n == name {
-			st.Apps = append(st.Apps, appStatus(rts[n]))
+	for _, rt := range a.appList() {
+		if name == "" || rt.name == name {
+			st.Apps = append(st.Apps, appStatus(rt))
 		}
+	}
+	if name != "" && len(st.Apps) == 0 {
+		writeError(w, http.StatusNotFound, a.noSuchApp(name))
+		return
 	}
 	writeJSON(w, http.StatusOK, st)
 }
@@ -207,10 +200,10 @@ func (a *Agent) handleRestart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.mu.Lock()
-	rt, cfg := a.apps[req.App], a.cfg
+	rt := a.apps[req.App]
 	a.mu.Unlock()
 	if rt == nil {
-		writeError(w, http.StatusNotFound, unknownApp(req.App, cfg))
+		writeError(w, http.StatusNotFound, a.noSuchApp(req.App))
 		return
 	}
 	if !rt.busy.TryLock() {

@@ -35,23 +35,23 @@ func (a *Agent) upgrade(ctx context.Context, req api.UpgradeRequest) (*api.Upgra
 	// A new agent whose predecessor still drains cannot hand off yet
 	// (tableflip#52): wait for it, bounded.
 	if a.upg.HasParent() {
-		wctx, cancel := context.WithTimeout(ctx, a.Config().Agent.UpgradeTimeout)
+		wctx, cancel := context.WithTimeout(ctx, a.settings.UpgradeTimeout)
 		err := a.upg.WaitForParent(wctx)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, fmt.Errorf("the previous agent is still draining its workers after upgrade_timeout %s; try again later",
-				a.Config().Agent.UpgradeTimeout)
+				a.settings.UpgradeTimeout)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("wait for the previous agent to exit: %w", err)
 		}
 	}
-	if _, err := config.Load(a.Config().Path); err != nil {
+	if _, err := config.Load(a.path); err != nil {
 		return nil, &badRequest{fmt.Errorf("the config on disk is invalid, so a new agent could not start; fix it first:\n%w", err)}
 	}
 	swapped := false
 	if req.Binary != "" {
-		b, err := release.CheckBinary(req.Binary, req.SHA256, req.Signature, a.Config().Agent.UpgradePublicKey, probeTimeout)
+		b, err := release.CheckBinary(req.Binary, req.SHA256, req.Signature, a.settings.UpgradePublicKey, probeTimeout)
 		if err != nil {
 			return nil, &badRequest{err}
 		}
