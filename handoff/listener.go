@@ -72,27 +72,6 @@ func (l *Listener) Nonblocking() (bool, error) {
 	return flags&unix.O_NONBLOCK != 0, nil
 }
 
-// LocalAddr returns the bound address (useful for tests and status).
-func (l *Listener) LocalAddr() (string, error) {
-	fd, err := l.Fd()
-	if err != nil {
-		return "", err
-	}
-	sa, err := unix.Getsockname(int(fd))
-	if err != nil {
-		return "", fmt.Errorf("getsockname: %w", err)
-	}
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
-	case *unix.SockaddrInet6:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
-	case *unix.SockaddrUnix:
-		return a.Name, nil
-	}
-	return "", fmt.Errorf("getsockname: unexpected address %T", sa)
-}
-
 // Shutdown stops the socket listening for every process that holds it
 // (shutdown(2) acts on the socket, not on one descriptor): for a listener no
 // worker uses any more, whose copies (e.g. tableflip's) would keep it bound.

@@ -230,9 +230,9 @@ func (r *Registry) RemoveSocketFiles() {
 	}
 }
 
-// Leases reports how many leases hold the listener for network/address (0:
-// not open). For status and tests.
-func (r *Registry) Leases(network, address string) int {
+// leases reports how many leases hold the listener for network/address (0:
+// not open).
+func (r *Registry) leases(network, address string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e := r.byKey[Key(network, address)]; e != nil {

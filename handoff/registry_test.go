@@ -74,13 +74,13 @@ func TestRegistryClosesOnLastLease(t *testing.T) {
 	if b := next.Bound(); len(b) != 2 || b[0].Listener != old.Bound()[0].Listener || b[1].Name != "http" {
 		t.Fatalf("the second lease must share the open listener: %+v", b)
 	}
-	if n := r.Leases("tcp", shared); n != 2 {
-		t.Errorf("Leases(shared) = %d, want 2", n)
+	if n := r.leases("tcp", shared); n != 2 {
+		t.Errorf("leases(shared) = %d, want 2", n)
 	}
 	old.Release()
 	old.Release() // twice is a no-op
-	if n := r.Leases("tcp", shared); n != 1 {
-		t.Errorf("Leases(shared) after releasing one = %d, want 1", n)
+	if n := r.leases("tcp", shared); n != 1 {
+		t.Errorf("leases(shared) after releasing one = %d, want 1", n)
 	}
 	for _, b := range next.Bound() {
 		if _, err := b.Fd(); err != nil || !listening(b.Address) {
@@ -95,8 +95,8 @@ func TestRegistryClosesOnLastLease(t *testing.T) {
 	if listening(shared) || listening(added) {
 		t.Error("a listener no lease holds still accepts")
 	}
-	if n := r.Leases("tcp", shared); n != 0 {
-		t.Errorf("Leases(shared) = %d, want 0", n)
+	if n := r.leases("tcp", shared); n != 0 {
+		t.Errorf("leases(shared) = %d, want 0", n)
 	}
 }
 
@@ -114,7 +114,7 @@ func TestRegistryFailedAcquireLeasesNothing(t *testing.T) {
 	if !errors.Is(err, ErrAddressInUse) || !strings.Contains(err.Error(), "tcp://"+busy.Addr().String()) {
 		t.Fatalf("Acquire with a busy address = %v, want ErrAddressInUse naming the URL", err)
 	}
-	if n := r.Leases("tcp", free); n != 0 || listening(free) {
+	if n := r.leases("tcp", free); n != 0 || listening(free) {
 		t.Errorf("the free address stays open after a failed Acquire (leases %d)", n)
 	}
 	if after := fdCount(t); after != before {
