@@ -1,6 +1,9 @@
-// Package agent is the deployd daemon: it loads the config, opens (or
-// inherits) every listener, runs one workers.Supervisor per app, serves the
-// control API on a Unix socket, and handles signals and self-upgrades.
+// Package agent is the deployd daemon. It owns its lifecycle (a run group:
+// upgrader, control server, STATUS= updates, signal loop, and one teardown),
+// each app's runtime (its running config, its listener leases and one
+// workers.Supervisor), the [agent] settings it started with, the state file
+// and the metrics; it serves the control API on a Unix socket and handles
+// signals and self-upgrades.
 package agent
 
 import (

