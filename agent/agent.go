@@ -181,17 +181,17 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 }
 
 // teardown is the one way out: it stops every app's workers (after a
-// handoff they are drained, the new agent has its own), closes the agent's
-// copies of the listeners and log files, and stops the metrics server. With
-// removeFiles (a real shutdown) it also stops the upgrader and removes the
-// socket files; after a handoff the new agent serves them, and a new agent
-// that gave up leaves them to the previous one.
+// handoff they are drained, the new agent has its own), stops the metrics
+// server, closes the agent's copies of the listeners and log files, and
+// stops the upgrader, except in a new agent that gave up (that would unlink
+// the sockets the previous agent serves). With removeFiles (a real
+// shutdown) it also removes the socket files; after a handoff the new agent
+// serves them.
 func (a *Agent) teardown(handedOff, removeFiles bool) {
 	a.upgWG.Wait()
 	eachApp(a.appList(), func(rt *appRT) { rt.sup.Stop() })
 	a.stopSys()
 	if removeFiles {
-		a.upg.Stop()
 		_ = os.Remove(a.socket)
 		a.reg.RemoveSocketFiles()
 	}
@@ -201,7 +201,7 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 	if err := a.reg.Close(); err != nil {
 		a.log.Warn("close listeners", "error", err)
 	}
-	if !handedOff && !removeFiles && !a.quiet.Load() {
+	if handedOff || !a.quiet.Load() {
 		a.upg.Stop()
 	}
 }
