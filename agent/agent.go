@@ -77,7 +77,7 @@ type Agent struct {
 
 	state    *stateFile
 	releases *release.Store
-	sys      sysState // STATUS= updates, metrics (systemd.go, metrics.go)
+	sys      sysState // the metrics server (metrics.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
