@@ -167,7 +167,10 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 	})
 	srv := a.newServer()
 	g.Add(func() error {
-		return fmt.Errorf("control server stopped: %w", srv.Serve(ctl))
+		if err := srv.Serve(ctl); !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("control server stopped", "error", err)
+		}
+		return errStopped // as a shutdown: the agent stops and exits 0
 	}, func(error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
