@@ -1,6 +1,9 @@
-// Package agent is the deployd daemon: it loads the config, opens (or
-// inherits) every listener, runs one workers.Supervisor per app, serves the
-// control API on a Unix socket, and handles signals and self-upgrades.
+// Package agent is the deployd daemon. It owns its lifecycle (a run group:
+// upgrader, control server, STATUS= updates, signal loop, and one teardown),
+// each app's runtime (its running config, its listener leases and one
+// workers.Supervisor), the [agent] settings it started with, the state file
+// and the metrics; it serves the control API on a Unix socket and handles
+// signals and self-upgrades.
 package agent
 
 import (
@@ -13,11 +16,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/cloudflare/tableflip"
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/hashicorp/go-hclog"
+	"github.com/oklog/run"
 
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
@@ -34,6 +39,9 @@ type Options struct {
 	// Ready, when set, is called once every app's workers are ready and the
 	// control socket answers (used by `deployd demo` to print what to try).
 	Ready func(a *Agent)
+
+	// upgrader replaces tableflip in tests.
+	upgrader func(config.Agent) (upgrader, error)
 }
 
 // SetupError is an error before the agent served anything: a bad config, a
@@ -43,29 +51,33 @@ type SetupError struct{ Err error }
 func (e *SetupError) Error() string { return e.Err.Error() }
 func (e *SetupError) Unwrap() error { return e.Err }
 
-// Agent is a running daemon. mu guards cfg, apps and listeners.
+// Agent is a running daemon. mu guards apps and generation; the [agent]
+// settings and the config path are read once at start and never change
+// (each app's running config belongs to its appRT).
 type Agent struct {
-	log     hclog.Logger
-	shim    string
-	started time.Time
-	socket  string
-	upg     *tableflip.Upgrader
+	log      hclog.Logger
+	shim     string
+	started  time.Time
+	socket   string
+	path     string       // the config file
+	settings config.Agent // [agent], as the agent started with it
+	upg      upgrader
+	reg      *handoff.Registry // every listener of every app
 
 	mu         sync.Mutex
-	cfg        *config.Config
 	apps       map[string]*appRT
-	listeners  map[string]*handoff.Listener // by handoff.Key
-	pending    map[string]int               // listeners pinned by operations in flight
 	generation int
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
+	ready        chan struct{}  // closed once the agent serves (after upg.Ready)
+	quiet        atomic.Bool    // a new agent that has not taken over: leave the previous one's sockets alone
 	upgrading    sync.Mutex     // held while an upgrade runs
 	upgWG        sync.WaitGroup // SIGHUP upgrades in flight
 
 	state    *stateFile
 	releases *release.Store
-	sys      sysState // socket activation, STATUS= updates, metrics (systemd.go, metrics.go)
+	sys      sysState // the metrics server (metrics.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -80,80 +92,121 @@ func Run(opts Options) error {
 	if err != nil {
 		return &SetupError{err}
 	}
-	upg, err := tableflip.New(tableflip.Options{UpgradeTimeout: cfg.Agent.UpgradeTimeout, PIDFile: cfg.Agent.PIDFile})
+	newUpg := opts.upgrader
+	if newUpg == nil {
+		newUpg = newFlip
+	}
+	upg, err := newUpg(cfg.Agent)
 	if err != nil {
 		return &SetupError{fmt.Errorf("upgrader: %w", err)}
 	}
+	a := &Agent{
+		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, path: cfg.Path, settings: cfg.Agent,
+		upg: upg, apps: map[string]*appRT{}, shutdown: make(chan struct{}), ready: make(chan struct{}),
+	}
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
-	quitQuietly := upg.HasParent()
-	defer func() {
-		if !quitQuietly {
-			upg.Stop()
-		}
-	}()
-
-	a := &Agent{
-		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, upg: upg,
-		cfg: cfg, apps: map[string]*appRT{},
-		listeners: map[string]*handoff.Listener{}, shutdown: make(chan struct{}),
-	}
-	a.loadActivation() // sockets from systemd socket activation
-	defer a.stopSys()
+	a.quiet.Store(upg.HasParent())
+	a.reg = handoff.NewRegistry(upg.Fds(), a.activation(), log)
 	// Signals first, so a SIGTERM during startup is not lost.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
 
-	ctl, err := a.listenControl(cfg)
-	if err != nil {
-		return &SetupError{err}
-	}
-	if err := a.setup(cfg); err != nil {
-		a.closeAll()
-		return &SetupError{err}
-	}
-	srv := a.newServer()
-	serveDone := make(chan error, 1)
-	go func() { serveDone <- srv.Serve(controlListener(ctl)) }()
-
-	t0 := time.Now()
-	stopped, startErr := a.startWatchingSignals(sigs)
-	if stopped {
-		// SIGTERM, SIGINT or `deployd shutdown` while the workers started.
-		quitQuietly = upg.HasParent()
-		srv.Close()
-		a.closeAll()
-		if !quitQuietly {
-			a.removeSocketFiles()
+	ctl, err := a.listenControl()
+	if err == nil {
+		err = a.setup(cfg)
+		if err != nil {
+			ctl.Close()
 		}
-		a.log.Info("agent stopped during startup")
+	}
+	if err != nil {
+		a.teardown(false, false)
+		return &SetupError{err}
+	}
+	err = a.group(ctl, sigs, opts.Ready).Run()
+	handedOff := errors.Is(err, ErrHandedOff)
+	a.teardown(handedOff, !handedOff && !a.quiet.Load())
+	switch {
+	case handedOff:
+		a.log.Info("agent stopped after handing off")
+	case errors.Is(err, errStopped):
+		a.log.Info("agent stopped")
 		return nil
+	default:
+		a.log.Error("agent stopped", "error", err)
 	}
-	if startErr != nil && upg.HasParent() {
-		a.log.Error("new agent: workers not ready; giving up so that the previous agent keeps serving", "error", startErr)
-		quitQuietly = true
-		srv.Close()
-		a.stopApps()
-		a.closeAll()
-		return fmt.Errorf("upgrade abandoned: %w", startErr)
-	}
-	a.log.Info("agent ready", "apps", len(cfg.AppNames), "startup", time.Since(t0).Round(time.Millisecond),
-		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
-	// systemd learns the new main pid before the previous agent may exit.
-	sdNotify("READY=1\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
-	if err := upg.Ready(); err != nil {
-		a.log.Error("tell the previous agent we are ready", "error", err)
-	} else {
-		quitQuietly = false
-	}
-	a.startStatusUpdates()
-	if opts.Ready != nil {
-		opts.Ready(a)
-	}
+	return err
+}
 
-	handedOff := a.loop(sigs, serveDone)
-	return a.stop(srv, handedOff)
+// errStopped ends the run group on SIGTERM, SIGINT or `deployd shutdown`.
+var errStopped = errors.New("agent: stopped")
+
+// group is the agent's lifecycle: the upgrader (a handoff ends it), the
+// control server, the STATUS= updates and the agent loop (startup, then
+// signals). The first to return stops the others, in this order.
+func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Agent)) *run.Group {
+	var g run.Group
+	stopUpg := make(chan struct{})
+	g.Add(func() error {
+		select {
+		case <-a.upg.Exit():
+			a.log.Info("new agent is ready; draining this one's workers")
+			return ErrHandedOff
+		case <-stopUpg:
+			return nil
+		}
+	}, func(err error) {
+		close(stopUpg)
+		if !errors.Is(err, ErrHandedOff) && !a.quiet.Load() {
+			notify(daemon.SdNotifyStopping)
+			// Stop listening on the control socket at once (tableflip
+			// holds a copy) and cancel an upgrade in flight.
+			a.upg.Stop()
+		}
+	})
+	srv := a.newServer()
+	g.Add(func() error {
+		if err := srv.Serve(controlListener(ctl)); !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("control server stopped", "error", err)
+		}
+		return errStopped // as a shutdown: the agent stops and exits 0
+	}, func(error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	stopStatus := make(chan struct{})
+	g.Add(func() error { a.statusUpdates(stopStatus); return nil }, func(error) { close(stopStatus) })
+	stopLoop := make(chan struct{})
+	g.Add(func() error { return a.loop(sigs, stopLoop, onReady) }, func(error) { close(stopLoop) })
+	return &g
+}
+
+// teardown is the one way out: it stops every app's workers (after a
+// handoff they are drained, the new agent has its own), stops the metrics
+// server, closes the agent's copies of the listeners and log files, and
+// stops the upgrader, except in a new agent that gave up (that would unlink
+// the sockets the previous agent serves). With removeFiles (a real
+// shutdown) it also removes the socket files; after a handoff the new agent
+// serves them.
+func (a *Agent) teardown(handedOff, removeFiles bool) {
+	a.upgWG.Wait()
+	eachApp(a.appList(), func(rt *appRT) { rt.sup.Stop() })
+	a.stopSys()
+	if removeFiles {
+		_ = os.Remove(a.socket)
+		a.reg.RemoveSocketFiles()
+	}
+	for _, rt := range a.appList() {
+		rt.closeLogs()
+	}
+	if err := a.reg.Close(); err != nil {
+		a.log.Warn("close listeners", "error", err)
+	}
+	if handedOff || !a.quiet.Load() {
+		a.upg.Stop()
+	}
 }
 
 // load loads the config and resolves the agent's own binary once: it is
@@ -179,61 +232,53 @@ func load(opts Options) (*config.Config, string, error) {
 	return cfg, shim, nil
 }
 
-// loop runs until a signal, `deployd shutdown`, a handoff or a failure of
-// the control server asks the agent to stop; it reports a handoff.
-func (a *Agent) loop(sigs <-chan os.Signal, serveDone <-chan error) (handedOff bool) {
+// loop starts the apps, tells systemd and the previous agent that this one
+// serves, then handles signals until SIGTERM, SIGINT, `deployd shutdown` or
+// stop. A new agent whose workers do not get ready gives up, so that the
+// previous agent keeps serving.
+func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*Agent)) error {
+	t0 := time.Now()
+	stopped, err := a.startWatchingSignals(sigs, stop)
+	if stopped {
+		a.log.Info("agent stopped during startup")
+		return errStopped
+	}
+	if err != nil && a.upg.HasParent() {
+		a.log.Error("new agent: workers not ready; giving up so that the previous agent keeps serving", "error", err)
+		return fmt.Errorf("upgrade abandoned: %w", err)
+	}
+	a.log.Info("agent ready", "apps", len(a.appList()), "startup", time.Since(t0).Round(time.Millisecond),
+		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
+	// systemd learns the new main pid before the previous agent may exit.
+	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
+	if err := a.upg.Ready(); err != nil {
+		a.log.Error("tell the previous agent we are ready", "error", err)
+	} else {
+		a.quiet.Store(false)
+	}
+	close(a.ready)
+	if onReady != nil {
+		onReady(a)
+	}
 	for {
 		select {
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
-				a.upgWG.Add(1)
-				go func() {
-					defer a.upgWG.Done()
-					a.upgradeAsync()
-				}()
+				a.upgWG.Go(a.upgradeAsync)
 			case syscall.SIGUSR1:
 				a.rotateLogs()
 			default:
 				a.log.Info("signal received, stopping", "signal", sig)
-				return false
+				return errStopped
 			}
 		case <-a.shutdown:
 			a.log.Info("shutdown requested")
-			return false
-		case <-a.upg.Exit():
-			a.log.Info("new agent is ready; draining this one's workers")
-			return true
-		case err := <-serveDone:
-			a.log.Error("control server stopped", "error", err)
-			return false
+			return errStopped
+		case <-stop:
+			return nil
 		}
 	}
-}
-
-// stop refuses new control requests, drains every worker and releases the
-// agent's sockets; after a handoff the sockets stay with the new agent.
-func (a *Agent) stop(srv *http.Server, handedOff bool) error {
-	a.stopStatusUpdates()
-	if !handedOff {
-		sdNotify("STOPPING=1")
-		// Stop listening on the control socket at once (tableflip holds a
-		// copy) and cancel an upgrade in flight.
-		a.upg.Stop()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	_ = srv.Shutdown(ctx)
-	cancel()
-	a.upgWG.Wait()
-	a.stopApps()
-	a.closeAll()
-	if handedOff {
-		a.log.Info("agent stopped after handing off")
-		return ErrHandedOff
-	}
-	a.removeSocketFiles()
-	a.log.Info("agent stopped")
-	return nil
 }
 
 // ErrHandedOff is returned by Run when a new agent took over (upgrade).
@@ -246,12 +291,12 @@ func (a *Agent) requestShutdown() {
 
 // listenControl opens (or inherits) the control socket, mode 0600 or 0660
 // with socket_group.
-func (a *Agent) listenControl(cfg *config.Config) (net.Listener, error) {
-	path := cfg.Agent.Socket
+func (a *Agent) listenControl() (net.Listener, error) {
+	path := a.socket
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
-	if ln, err := a.upg.Fds.Listener("unix", path); err == nil && ln != nil {
+	if ln, err := a.upg.Fds().Listener("unix", path); err == nil && ln != nil {
 		return ln, nil // inherited from the previous agent
 	}
 	if _, err := os.Lstat(path); err == nil {
@@ -269,12 +314,12 @@ func (a *Agent) listenControl(cfg *config.Config) (net.Listener, error) {
 		}
 	}
 	old := syscall.Umask(0o177)
-	ln, err := a.upg.Fds.Listen("unix", path)
+	ln, err := a.upg.Fds().Listen("unix", path)
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
-	if g := cfg.Agent.SocketGroup; g != "" {
+	if g := a.settings.SocketGroup; g != "" {
 		gid, err := lookupGroup(g)
 		if err == nil {
 			err = os.Chown(path, -1, gid)
@@ -309,14 +354,14 @@ func (a *Agent) setup(cfg *config.Config) error {
 		}
 		a.apps[name] = rt
 	}
-	return a.afterSetup(cfg) // unused systemd sockets, metrics server
+	return a.afterSetup() // unused systemd sockets, metrics server
 }
 
 // startWatchingSignals runs startApps while still answering SIGTERM, SIGINT
 // and `deployd shutdown`: then it stops the workers (which ends the wait for
 // readiness at once) and reports stopped. SIGHUP is ignored until ready (a
 // handoff needs a ready agent); SIGUSR1 rotates logs as usual.
-func (a *Agent) startWatchingSignals(sigs <-chan os.Signal) (stopped bool, err error) {
+func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}) (stopped bool, err error) {
 	done := make(chan error, 1)
 	go func() { done <- a.startApps() }()
 	for {
@@ -335,8 +380,9 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal) (stopped bool, err e
 			a.log.Info("signal received during startup, stopping", "signal", sig)
 		case <-a.shutdown:
 			a.log.Info("shutdown requested during startup")
+		case <-stop:
 		}
-		a.stopApps()
+		eachApp(a.appList(), func(rt *appRT) { rt.sup.Stop() })
 		<-done
 		return true, nil
 	}
@@ -345,113 +391,44 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal) (stopped bool, err e
 // startApps starts every app's workers in parallel and waits for readiness.
 // The error names the apps whose workers were not all ready.
 func (a *Agent) startApps() error {
-	a.mu.Lock()
-	rts := make([]*appRT, 0, len(a.apps))
-	for _, rt := range a.apps {
-		rts = append(rts, rt)
-	}
-	a.mu.Unlock()
-	var wg sync.WaitGroup
-	errs := make([]error, len(rts))
-	for i, rt := range rts {
+	var start []*appRT
+	for _, rt := range a.appList() {
 		if a.state.get(rt.name).Stopped {
 			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.Now()
-			if err := rt.sup.Start(); err != nil {
-				a.log.Error("app started with errors", "app", rt.name, "error", err)
-				errs[i] = fmt.Errorf("app %s: %w", rt.name, err)
-				return
-			}
-			a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances,
-				"in", time.Since(t).Round(time.Millisecond))
-		}()
+		start = append(start, rt)
 	}
-	wg.Wait()
+	var mu sync.Mutex
+	var errs []error
+	eachApp(start, func(rt *appRT) {
+		t := time.Now()
+		if err := rt.sup.Start(); err != nil {
+			a.log.Error("app started with errors", "app", rt.name, "error", err)
+			mu.Lock()
+			defer mu.Unlock()
+			errs = append(errs, fmt.Errorf("app %s: %w", rt.name, err))
+			return
+		}
+		a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances,
+			"in", time.Since(t).Round(time.Millisecond))
+	})
 	return errors.Join(errs...)
 }
 
-func (a *Agent) stopApps() {
-	a.mu.Lock()
-	rts := make([]*appRT, 0, len(a.apps))
-	for _, rt := range a.apps {
-		rts = append(rts, rt)
-	}
-	a.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, rt := range rts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rt.sup.Stop()
-		}()
-	}
-	wg.Wait()
-}
-
-// closeAll closes the agent's copies of listeners, the notify socket and
-// log files.
-func (a *Agent) closeAll() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, rt := range a.apps {
-		rt.closeLogs()
-	}
-	for _, l := range a.listeners {
-		l.Close()
-	}
-}
-
-// removeSocketFiles removes the app unix sockets after a real shutdown (not
-// after a handoff, where the new agent serves them).
-func (a *Agent) removeSocketFiles() {
-	_ = os.Remove(a.socket)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, l := range a.listeners {
-		if l.Network == "unix" && !l.Inherited {
-			_ = os.Remove(l.Address)
-		}
-	}
-}
-
 func (a *Agent) rotateLogs() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, rt := range a.apps {
+	for _, rt := range a.appList() {
 		if err := rt.rotateLogs(); err != nil {
 			a.log.Error("rotate logs", "app", rt.name, "error", err)
 		}
 	}
 }
 
-// sdNotify sends a message to systemd when it gave us NOTIFY_SOCKET.
-func sdNotify(msg string) {
-	addr := os.Getenv("NOTIFY_SOCKET")
-	if addr == "" {
-		return
-	}
-	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: addr, Net: "unixgram"})
-	if err != nil {
-		return
-	}
-	defer c.Close()
-	_, _ = c.Write([]byte(msg))
-}
+// notify sends state to systemd when it gave us NOTIFY_SOCKET.
+func notify(state string) { _, _ = daemon.SdNotify(false, state) }
 
 // Socket returns the control socket path.
 func (a *Agent) Socket() string { return a.socket }
-
-// Config returns the current config.
-func (a *Agent) Config() *config.Config {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.cfg
-}
 
 // newServer returns the control HTTP server.
 func (a *Agent) newServer() *http.Server {

@@ -3,6 +3,7 @@ package agent
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -21,36 +22,77 @@ import (
 // appRT is one app at run time. Owned by Agent (under a.mu); the supervisor
 // is safe for concurrent use.
 type appRT struct {
-	name      string
-	cfg       *config.App
-	sup       *workers.Supervisor
-	listeners []*handoff.Listener
-	out, err  *logs.Sink
+	name     string
+	sup      *workers.Supervisor
+	out, err *logs.Sink
 	// busy is held by the operation that replaces workers (reload, deploy,
 	// rollback, restart, scale): a second one is refused at once.
 	busy sync.Mutex
 
-	mu sync.Mutex // guards cfg and listeners, which a reload replaces
+	// mu guards cfg, lease and stale. cfg is the app's running config: only
+	// an operation of this app that succeeded sets it.
+	mu    sync.Mutex
+	cfg   *config.App
+	lease *handoff.Lease // the listeners of cfg
+	// stale are the leases of specs whose workers may still run: a reload
+	// that neither finished nor rolled back every slot keeps its lease here
+	// until an operation moves every worker to cfg again.
+	stale []*handoff.Lease
 }
 
-// config returns the app's current config.
+// config returns the app's running config.
 func (rt *appRT) config() *config.App {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	return rt.cfg
 }
 
-// lis returns the app's current listeners.
-func (rt *appRT) lis() []*handoff.Listener {
+// bound returns the listeners of the app's running config.
+func (rt *appRT) bound() []handoff.Bound {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return rt.listeners
+	return rt.lease.Bound()
 }
 
-func (rt *appRT) set(app *config.App, ls []*handoff.Listener) {
+// settle records the outcome of a reload to app (whose spec holds lease):
+// done, it is the running config and the previous leases go; abandoned with
+// every slot rolled back, lease goes; otherwise (a slot may still run the
+// new spec) lease stays until the next operation that settles every worker.
+func (rt *appRT) settle(app *config.App, lease *handoff.Lease, err error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	rt.cfg, rt.listeners = app, ls
+	var ab *workers.AbandonedError
+	switch {
+	case err == nil:
+		old := append(rt.stale, rt.lease)
+		rt.cfg, rt.lease, rt.stale = app, lease, nil
+		for _, l := range old {
+			l.Release()
+		}
+	case errors.As(err, &ab) && ab.RolledBack, errors.Is(err, workers.ErrBusy):
+		lease.Release()
+	default:
+		rt.stale = append(rt.stale, lease)
+	}
+}
+
+// settled releases the stale leases once every worker runs the running
+// config again (a restart or deploy that succeeded).
+func (rt *appRT) settled() {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, l := range rt.stale {
+		l.Release()
+	}
+	rt.stale = nil
+}
+
+// release gives back every lease, once the app's workers are stopped.
+func (rt *appRT) release() {
+	rt.settled()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.lease.Release()
 }
 
 func (rt *appRT) closeLogs() {
@@ -72,32 +114,86 @@ func (rt *appRT) rotateLogs() error {
 	return nil
 }
 
-// newApp acquires the app's listeners, opens its logs and builds its
-// supervisor. Called with a.mu held or before the agent serves.
+// appList returns the apps sorted by name.
+func (a *Agent) appList() []*appRT {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rts := make([]*appRT, 0, len(a.apps))
+	for _, n := range sortedKeys(a.apps) {
+		rts = append(rts, a.apps[n])
+	}
+	return rts
+}
+
+// eachApp runs fn for every app in rts in parallel and waits.
+func eachApp(rts []*appRT, fn func(rt *appRT)) {
+	var wg sync.WaitGroup
+	for _, rt := range rts {
+		wg.Go(func() { fn(rt) })
+	}
+	wg.Wait()
+}
+
+// AppConfig returns the running config of app, nil for an unknown app.
+func (a *Agent) AppConfig(app string) *config.App {
+	a.mu.Lock()
+	rt := a.apps[app]
+	a.mu.Unlock()
+	if rt == nil {
+		return nil
+	}
+	return rt.config()
+}
+
+// noSuchApp is the message for an app the agent does not run.
+func (a *Agent) noSuchApp(name string) string {
+	var names []string
+	for _, rt := range a.appList() {
+		names = append(names, rt.name)
+	}
+	known := strings.Join(names, ", ")
+	if known == "" {
+		known = "none"
+	}
+	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, a.path, known)
+}
+
+// wants are the listeners app's config asks for.
+func wants(app *config.App) []handoff.Want {
+	out := make([]handoff.Want, 0, len(app.Listen))
+	for _, l := range app.Listen {
+		out = append(out, handoff.Want{URL: l.URL, Network: l.Network, Address: l.Address, Name: l.Name,
+			Nonblocking: app.Nonblocking})
+	}
+	return out
+}
+
+// newApp leases the app's listeners, opens its logs and builds its
+// supervisor. Nothing runs yet.
 func (a *Agent) newApp(app *config.App) (*appRT, error) {
-	ls, err := a.acquireListeners(app)
+	lease, err := a.reg.Acquire(app.Name, wants(app))
 	if err != nil {
 		return nil, err
 	}
-	rt := &appRT{name: app.Name, cfg: app, listeners: ls}
-	logDir := a.cfg.Agent.LogDir
+	rt := &appRT{name: app.Name, cfg: app, lease: lease}
 	for _, s := range []struct {
 		dst  **logs.Sink
 		name string
 	}{{&rt.out, app.Name + ".out.log"}, {&rt.err, app.Name + ".err.log"}} {
 		*s.dst, err = logs.OpenSink(logs.Options{
-			Path: filepath.Join(logDir, s.name), Format: app.Logs.Format, MaxSize: app.Logs.MaxSize,
+			Path: filepath.Join(a.settings.LogDir, s.name), Format: app.Logs.Format, MaxSize: app.Logs.MaxSize,
 			MaxFiles: app.Logs.MaxFiles, MaxAge: app.Logs.MaxAge, Compress: app.Logs.Compress,
 		})
 		if err != nil {
 			rt.closeLogs()
+			lease.Release()
 			return nil, fmt.Errorf("log file: %w", err)
 		}
 	}
-	a.generation++
-	spec, err := a.specFor(app, ls, a.generation, a.state.get(app.Name).Current)
+	spec, err := a.specFor(app, lease.Bound(), a.state.get(app.Name).Current)
 	if err != nil {
 		rt.closeLogs()
+		lease.Release()
 		return nil, err
 	}
 	rt.sup = workers.New(workers.Options{
@@ -106,80 +202,13 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 	return rt, nil
 }
 
-// pin marks ls as in use by an operation in flight (so that another app's
-// reload does not close them); unpin undoes it. Called with a.mu held.
-func (a *Agent) pin(ls []*handoff.Listener, delta int) {
-	if a.pending == nil {
-		a.pending = map[string]int{}
-	}
-	for _, l := range ls {
-		a.pending[l.Key()] += delta
-	}
-}
-
-// acquireListeners returns the listeners of app, reusing the agent's open
-// ones. A new one that cannot be opened fails the whole call; listeners it
-// opened are kept in a.listeners (a later call reuses them).
-func (a *Agent) acquireListeners(app *config.App) ([]*handoff.Listener, error) {
-	out := make([]*handoff.Listener, 0, len(app.Listen))
-	for _, l := range app.Listen {
-		key := handoff.Key(l.Network, l.Address)
-		hl := a.listeners[key]
-		if hl == nil { // socket activation: systemd's socket for this URL, if it passed one
-			var err error
-			if hl, err = a.adoptActivated(app, l); err != nil {
-				return nil, fmt.Errorf("listen %s: %w", l.URL, err)
-			}
-		}
-		if hl == nil {
-			var err error
-			hl, err = handoff.Acquire(a.upg.Fds, l.Network, l.Address, l.Name, app.Nonblocking)
-			if err != nil {
-				return nil, fmt.Errorf("listen %s: %w", l.URL, err)
-			}
-			if hl.Inherited {
-				a.log.Info("listener inherited", "app", app.Name, "listen", l.URL)
-			}
-			a.listeners[key] = hl
-		}
-		hl.Name = l.Name
-		out = append(out, hl)
-	}
-	return out, nil
-}
-
-// closeUnusedListeners closes listeners no app uses any more, nor a reload
-// in flight (a.pending). Called with a.mu held.
-func (a *Agent) closeUnusedListeners() {
-	used := map[string]bool{}
-	for _, rt := range a.apps {
-		for _, l := range rt.lis() {
-			used[l.Key()] = true
-		}
-	}
-	for key, n := range a.pending {
-		if n > 0 {
-			used[key] = true
-		}
-	}
-	for key, l := range a.listeners {
-		if !used[key] {
-			a.log.Info("closing listener no app uses", "address", l.Address)
-			// shutdown(2) acts on the socket itself, so the copy tableflip
-			// keeps for a handoff stops listening too.
-			l.Shutdown()
-			l.Close()
-			if l.Network == "unix" {
-				_ = os.Remove(l.Address)
-			}
-			delete(a.listeners, key)
-		}
-	}
-}
-
-// specFor builds the workers.Spec of app's config; for an app that takes
-// releases, of release rel ("" = none yet: no workers).
-func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int, rel string) (*workers.Spec, error) {
+// specFor builds the workers.Spec of app's config, a new generation; for an
+// app that takes releases, of release rel ("" = none yet: no workers).
+func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*workers.Spec, error) {
+	a.mu.Lock()
+	a.generation++
+	gen := a.generation
+	a.mu.Unlock()
 	cred, err := credential(app)
 	if err != nil {
 		return nil, err
@@ -198,7 +227,7 @@ func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int, rel st
 	}
 	spec := &workers.Spec{
 		Release: release, Generation: gen, Argv: argv, Dir: dir,
-		Env: append(workerBaseEnv(), app.Env...), Credential: cred, Instances: instances,
+		Env: append(handoff.WorkerEnv(os.Environ()), app.Env...), Credential: cred, Instances: instances,
 		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, StopSignal: app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
@@ -230,22 +259,6 @@ func configRelease(app *config.App) string {
 		fmt.Fprintf(h, " %d %d", fi.Size(), fi.ModTime().UnixNano())
 	}
 	return "cfg-" + hex.EncodeToString(h.Sum(nil))[:8]
-}
-
-// workerBaseEnv is the agent's environment without what belongs to the
-// agent alone (systemd's and deployd's own variables).
-func workerBaseEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch {
-		case strings.HasPrefix(k, "LISTEN_"), k == "NOTIFY_SOCKET", k == "WATCHDOG_USEC", k == "WATCHDOG_PID",
-			strings.HasPrefix(k, "DEPLOYD_"), strings.HasPrefix(k, "TABLEFLIP_"), k == "NODE_CHANNEL_FD":
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
 }
 
 // credential returns the uid/gid (and the user's groups) to run app's

@@ -20,11 +20,11 @@ import (
 // caller must unlock rt.busy.
 func (a *Agent) releaseApp(w http.ResponseWriter, name string) *appRT {
 	a.mu.Lock()
-	rt, cfg := a.apps[name], a.cfg
+	rt := a.apps[name]
 	a.mu.Unlock()
 	switch {
 	case rt == nil:
-		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
+		writeError(w, http.StatusNotFound, a.noSuchApp(name))
 		return nil
 	case !rt.config().Releases:
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(
@@ -146,10 +146,7 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 		res.Status = api.DeployUnchanged
 		return res
 	}
-	a.mu.Lock()
-	a.generation++
-	spec, err := a.specFor(rt.config(), rt.lis(), a.generation, version)
-	a.mu.Unlock()
+	spec, err := a.specFor(rt.config(), rt.bound(), version)
 	if err == nil {
 		err = rt.sup.Reload(spec, strategy, emit)
 	}
@@ -171,6 +168,7 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 		a.log.Error("release not deployed; the previous one keeps serving", "app", rt.name, "version", version, "error", err)
 		return res
 	}
+	rt.settled() // every worker runs the running config's listeners
 	if err := a.state.update(rt.name, func(s *AppState) {
 		if s.Current != version {
 			s.Previous = s.Current
@@ -234,10 +232,10 @@ func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
 func (a *Agent) handleReleases(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("app")
 	a.mu.Lock()
-	rt, cfg := a.apps[name], a.cfg
+	rt := a.apps[name]
 	a.mu.Unlock()
 	if rt == nil {
-		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
+		writeError(w, http.StatusNotFound, a.noSuchApp(name))
 		return
 	}
 	if !rt.config().Releases {

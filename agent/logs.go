@@ -43,23 +43,21 @@ type logTarget struct {
 // stdout's and stderr's, or only the one of stream ("out" or "err"). The
 // second result is the message for an unknown app.
 func (a *Agent) logTargets(app, stream string) ([]logTarget, string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if app != "" && a.apps[app] == nil {
-		return nil, unknownApp(app, a.cfg)
-	}
 	var out []logTarget
-	for _, name := range sortedKeys(a.apps) {
+	for _, rt := range a.appList() {
+		name := rt.name
 		if app != "" && name != app {
 			continue
 		}
-		rt := a.apps[name]
 		if stream != "err" {
-			out = append(out, logTarget{name, rt.out, filepath.Join(a.cfg.Agent.LogDir, name+".out.log")})
+			out = append(out, logTarget{name, rt.out, filepath.Join(a.settings.LogDir, name+".out.log")})
 		}
 		if stream != "out" {
-			out = append(out, logTarget{name, rt.err, filepath.Join(a.cfg.Agent.LogDir, name+".err.log")})
+			out = append(out, logTarget{name, rt.err, filepath.Join(a.settings.LogDir, name+".err.log")})
 		}
+	}
+	if app != "" && out == nil {
+		return nil, a.noSuchApp(app)
 	}
 	return out, ""
 }

@@ -40,7 +40,7 @@ func (a *Agent) startMetrics(addr string) error {
 	if addr == "" {
 		return nil
 	}
-	ln, err := a.upg.Fds.Listener("tcp", addr) // from the previous agent
+	ln, err := a.upg.Fds().Listener("tcp", addr) // from the previous agent
 	if err == nil && ln == nil {
 		ln, err = net.Listen("tcp", addr)
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -48,7 +48,7 @@ func (a *Agent) startMetrics(addr string) error {
 				"[agent] metrics (remove the line to turn metrics off): %w", addr, err)
 		}
 		if err == nil {
-			if err = a.upg.Fds.AddListener("tcp", addr, ln.(*net.TCPListener)); err != nil {
+			if err = a.upg.Fds().AddListener("tcp", addr, ln.(*net.TCPListener)); err != nil {
 				ln.Close()
 			}
 		}
@@ -164,13 +164,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	send(ch, c.info, prometheus.GaugeValue, 1, version.String())
 	a := c.a
-	a.mu.Lock()
-	rts := make([]*appRT, 0, len(a.apps))
-	for _, n := range sortedKeys(a.apps) {
-		rts = append(rts, a.apps[n])
-	}
-	a.mu.Unlock()
-	for _, rt := range rts {
+	for _, rt := range a.appList() {
 		c.collectApp(ch, rt)
 	}
 }

@@ -14,10 +14,10 @@ import (
 // answers the error itself. The caller must unlock rt.busy.
 func (a *Agent) opApp(w http.ResponseWriter, name string) *appRT {
 	a.mu.Lock()
-	rt, cfg := a.apps[name], a.cfg
+	rt := a.apps[name]
 	a.mu.Unlock()
 	if rt == nil {
-		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
+		writeError(w, http.StatusNotFound, a.noSuchApp(name))
 		return nil
 	}
 	if !rt.busy.TryLock() {
@@ -117,12 +117,12 @@ func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {
 
 func (a *Agent) handleStartApp(w http.ResponseWriter, r *http.Request) {
 	a.runAppOp(w, r, func(rt *appRT, _ *stream) error {
-		a.mu.Lock()
-		a.generation++
-		spec, err := a.specFor(rt.config(), rt.lis(), a.generation, a.state.get(rt.name).Current)
-		a.mu.Unlock()
+		spec, err := a.specFor(rt.config(), rt.bound(), a.state.get(rt.name).Current)
 		if err == nil {
 			err = rt.sup.Restart(spec)
+		}
+		if err == nil {
+			rt.settled() // every worker runs the running config's listeners
 		}
 		if err == nil {
 			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })

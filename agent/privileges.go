@@ -162,7 +162,7 @@ func (a *Agent) roleOf(p *Peer) Role {
 	if p.UID == 0 || p.UID == os.Getuid() {
 		return RoleOwner
 	}
-	if g := a.Config().Agent.SocketGroup; g != "" {
+	if g := a.settings.SocketGroup; g != "" {
 		if gid, err := lookupGroup(g); err == nil && (p.GID == gid || slices.Contains(p.Groups, gid)) {
 			return RoleMember
 		}
@@ -190,7 +190,7 @@ func (a *Agent) authorize(p *Peer, method, path string) (bool, string) {
 }
 
 func (a *Agent) groupHint() string {
-	if g := a.Config().Agent.SocketGroup; g != "" {
+	if g := a.settings.SocketGroup; g != "" {
 		return ", or as a member of socket_group " + g
 	}
 	return ""

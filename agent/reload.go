@@ -26,15 +26,14 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	cfg, err := config.Load(a.Config().Path)
+	cfg, err := config.Load(a.path)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "the config is invalid; nothing was changed:\n"+err.Error())
 		return
 	}
 	// [agent] settings (socket, state_dir, log_dir, ...) are read at agent
 	// start; a reload applies the apps only.
-	agentChanged := cfg.Agent != a.Config().Agent
-	cfg.Agent = a.Config().Agent
+	agentChanged := cfg.Agent != a.settings
 	names := slices.Compact(slices.Sorted(slices.Values(req.Apps)))
 	all := len(names) == 0
 	if all {
@@ -56,9 +55,6 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 	if all {
 		results = append(results, a.removeApps(cfg, st.event)...)
 	}
-	a.mu.Lock()
-	a.cfg = cfg
-	a.mu.Unlock()
 	res := &api.Result{OK: true, Apps: results}
 	for _, r := range results {
 		if r.Outcome != api.OutcomeDone {
@@ -85,6 +81,9 @@ func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.
 	return results
 }
 
+// reloadApp moves app to its config in the file: a new app starts, a
+// running one gets a reload. Only an outcome of done makes app the running
+// config.
 func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(workers.Event)) api.AppResult {
 	a.mu.Lock()
 	rt := a.apps[app.Name]
@@ -105,31 +104,19 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 		return appResult(app.Name, workers.ErrBusy)
 	}
 	defer rt.busy.Unlock()
-	a.mu.Lock()
-	ls, err := a.acquireListeners(app)
+	// The new spec's lease: listeners the running config shares stay open
+	// through the reload, and those it adds close again unless it keeps them.
+	lease, err := a.reg.Acquire(app.Name, wants(app))
 	if err != nil {
-		a.mu.Unlock()
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
-	a.pin(ls, 1)
-	a.generation++
-	spec, err := a.specFor(app, ls, a.generation, a.state.get(app.Name).Current)
-	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		a.pin(ls, -1)
-		a.closeUnusedListeners() // also those a failed reload opened
-		a.mu.Unlock()
-	}()
+	spec, err := a.specFor(app, lease.Bound(), a.state.get(app.Name).Current)
 	if err != nil {
+		lease.Release()
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
 	err = rt.sup.Reload(spec, strategy, emit)
-	if err == nil {
-		a.mu.Lock()
-		rt.set(app, ls)
-		a.mu.Unlock()
-	}
+	rt.settle(app, lease, err)
 	res := appResult(app.Name, err)
 	res.Release = spec.Release
 	return res
@@ -152,12 +139,8 @@ func (a *Agent) removeApps(cfg *config.Config, emit func(workers.Event)) []api.A
 		emit(workers.Event{Time: t, App: rt.name, Type: workers.EventKind(api.EventRemoved), Message: "no longer in the config; stopping"})
 		rt.sup.Stop()
 		rt.closeLogs()
+		rt.release()
 		out = append(out, api.AppResult{App: rt.name, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()})
-	}
-	if len(gone) > 0 {
-		a.mu.Lock()
-		a.closeUnusedListeners()
-		a.mu.Unlock()
 	}
 	return out
 }

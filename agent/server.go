@@ -130,25 +130,18 @@ func (a *Agent) handleShutdown(w http.ResponseWriter, _ *http.Request) {
 
 func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("app")
-	a.mu.Lock()
-	cfg := a.cfg
-	rts := map[string]*appRT{}
-	for n, rt := range a.apps {
-		rts[n] = rt
-	}
-	a.mu.Unlock()
-	if name != "" && rts[name] == nil {
-		writeError(w, http.StatusNotFound, unknownApp(name, cfg))
-		return
-	}
 	st := api.Status{Agent: api.Agent{
 		Version: version.String(), PID: os.Getpid(), UptimeSeconds: time.Since(a.started).Seconds(),
-		Config: cfg.Path, Socket: a.socket, RSSBytes: selfRSS(),
+		Config: a.path, Socket: a.socket, RSSBytes: selfRSS(),
 	}, Apps: []api.App{}}
-	for _, n := range sortedKeys(rts) {
-		if name == "" || n == name {
-			st.Apps = append(st.Apps, appStatus(rts[n]))
+	for _, rt := range a.appList() {
+		if name == "" || rt.name == name {
+			st.Apps = append(st.Apps, appStatus(rt))
 		}
+	}
+	if name != "" && len(st.Apps) == 0 {
+		writeError(w, http.StatusNotFound, a.noSuchApp(name))
+		return
 	}
 	writeJSON(w, http.StatusOK, st)
 }

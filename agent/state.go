@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/deployd/deployd/internal/atomicfile"
 )
 
 // stateVersion is the format of state.json.
@@ -98,28 +100,8 @@ func (s *stateFile) writeLocked() error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(s.path), ".state-*.json")
-	if err != nil {
+	if err := atomicfile.WriteFile(s.path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("write state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write state: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	if d, err := os.Open(filepath.Dir(s.path)); err == nil {
-		_ = d.Sync()
-		d.Close()
 	}
 	return nil
 }

@@ -36,7 +36,7 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	if err := a.waitParent(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := config.Load(a.Config().Path); err != nil {
+	if _, err := config.Load(a.path); err != nil {
 		return nil, failWith(api.KindRefused, "the config on disk is invalid, so a new agent could not start; fix it first:\n%w", err)
 	}
 	swapped := false
@@ -77,12 +77,12 @@ func (a *Agent) waitParent(ctx context.Context) error {
 	if !a.upg.HasParent() {
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, a.Config().Agent.UpgradeTimeout)
+	wctx, cancel := context.WithTimeout(ctx, a.settings.UpgradeTimeout)
 	defer cancel()
 	err := a.upg.WaitForParent(wctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("the previous agent is still draining its workers after upgrade_timeout %s; try again later",
-			a.Config().Agent.UpgradeTimeout)
+			a.settings.UpgradeTimeout)
 	}
 	if err != nil {
 		return fmt.Errorf("wait for the previous agent to exit: %w", err)
@@ -98,7 +98,7 @@ func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File,
 	peer := peerOf(r.Context())
 	owner := peer != nil && peer.Role == RoleOwner
 	check := selfupdate.Check{SHA256: req.SHA256, Signature: []byte(req.SignatureText),
-		PublicKey: a.Config().Agent.UpgradePublicKey, RequireSignature: !owner, ProbeTimeout: probeTimeout}
+		PublicKey: a.settings.UpgradePublicKey, RequireSignature: !owner, ProbeTimeout: probeTimeout}
 	if !owner && (req.Binary != "" || req.Signature != "") {
 		return nil, check, failWith(api.KindForbidden, "permission denied: the agent opens a path for root and its own uid only; "+
 			"members of socket_group pass the file itself: use a deployd CLI of this version or later")

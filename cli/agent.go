@@ -192,7 +192,7 @@ stop_timeout  = "10s"
 		hint = " --socket " + sock
 	}
 	err = agent.Run(agent.Options{ConfigPath: cfgPath, Logger: log, Ready: func(a *agent.Agent) {
-		n := a.Config().Apps["hello"].Instances
+		n := a.AppConfig("hello").Instances
 		fmt.Fprintf(c.App.Writer, `
 deployd demo is serving http://%[1]s/ with %[2]d workers (config: %[3]s).
 Try, in another terminal:

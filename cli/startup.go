@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/internal/atomicfile"
 	"github.com/deployd/deployd/internal/version"
 )
 
@@ -90,7 +91,7 @@ func startupSystemd(c *cli.Context) error {
 	}
 	for _, u := range units {
 		p := filepath.Join(dir, u.Name)
-		if err := writeFileAtomic(p, []byte(u.Text), 0o644); err != nil {
+		if err := atomicfile.WriteFile(p, []byte(u.Text), 0o644); err != nil {
 			return fail(ExitFailed, "write %s: %v (run as root, or use --print or --unit-dir)", p, err)
 		}
 		fmt.Fprintf(w, "wrote %s\n", p)
@@ -308,30 +309,4 @@ func execArg(s string) string {
 		return s
 	}
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
-}
-
-// writeFileAtomic writes data to a temp file next to path and renames it.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // after a successful rename there is nothing to remove
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -195,11 +195,11 @@ func (s *Activated) FamilyFits(network string) bool {
 // configured) and registers it in store under that address's Key, so that it
 // crosses the next agent handoff like a socket the agent opened. s must not
 // be used afterwards.
-func AdoptActivated(store Store, s *Activated, network, address, name string) (*Listener, error) {
+func AdoptActivated(store Store, s *Activated, network, address string) (*Listener, error) {
 	if s.file == nil {
 		return nil, fmt.Errorf("adopt %s: already adopted or closed", s)
 	}
-	l := Adopt(s.file, network, address, name)
+	l := Adopt(s.file, network, address)
 	s.file = nil
 	if store != nil {
 		if err := store.AddFile(Key(network, address), l.file); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -13,20 +14,42 @@ import (
 )
 
 // Listener is a listening socket kept by the agent for its workers. The agent
-// never accepts on it; it only passes it on.
+// never accepts on it; it only passes it on. Its exported fields never change
+// after creation (the name a worker sees belongs to the spec that passes it:
+// see Bound); mu guards the descriptor, which Close clears. Safe for
+// concurrent use.
 type Listener struct {
 	Network string // tcp, tcp4, tcp6 or unix
 	Address string // as configured
-	Name    string // LISTEN_FDNAMES entry
 	// Inherited is true when the socket came from a previous agent or systemd.
 	Inherited bool
 
-	file *os.File
+	mu   sync.Mutex
+	file *os.File // nil once closed
 	fd   uintptr
 }
 
-// Fd returns the descriptor number without touching its flags. Valid until Close.
-func (l *Listener) Fd() uintptr { return l.fd }
+// Bound is a listener as one spec passes it to its workers: under Name in
+// LISTEN_FDNAMES.
+type Bound struct {
+	*Listener
+	Name string
+}
+
+// ErrClosed is returned by Fd after Close.
+var ErrClosed = errors.New("handoff: listener closed")
+
+// Fd returns the descriptor number without touching its flags, or an error
+// wrapping ErrClosed once the listener is closed (the kernel may have given
+// the number to another file since).
+func (l *Listener) Fd() (uintptr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.file == nil {
+		return 0, fmt.Errorf("%s %s: %w", l.Network, l.Address, ErrClosed)
+	}
+	return l.fd, nil
+}
 
 // Key is the name under which the listener crosses an agent handoff.
 func (l *Listener) Key() string { return Key(l.Network, l.Address) }
@@ -38,46 +61,38 @@ func Key(network, address string) string {
 
 // Nonblocking reports whether O_NONBLOCK is set on the shared file description.
 func (l *Listener) Nonblocking() (bool, error) {
-	flags, err := unix.FcntlInt(l.fd, unix.F_GETFL, 0)
+	fd, err := l.Fd()
+	if err != nil {
+		return false, err
+	}
+	flags, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
 	if err != nil {
 		return false, fmt.Errorf("fcntl %s: %w", l.Address, err)
 	}
 	return flags&unix.O_NONBLOCK != 0, nil
 }
 
-// LocalAddr returns the bound address (useful for tests and status).
-func (l *Listener) LocalAddr() (string, error) {
-	sa, err := unix.Getsockname(int(l.fd))
-	if err != nil {
-		return "", fmt.Errorf("getsockname: %w", err)
-	}
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
-	case *unix.SockaddrInet6:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
-	case *unix.SockaddrUnix:
-		return a.Name, nil
-	}
-	return "", fmt.Errorf("getsockname: unexpected address %T", sa)
-}
-
 // Shutdown stops the socket listening for every process that holds it
 // (shutdown(2) acts on the socket, not on one descriptor): for a listener no
 // worker uses any more, whose copies (e.g. tableflip's) would keep it bound.
 func (l *Listener) Shutdown() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.file != nil {
 		_ = unix.Shutdown(int(l.fd), unix.SHUT_RDWR)
 	}
 }
 
-// Close closes the agent's copy. Workers keep theirs. Safe to call twice.
+// Close closes the agent's copy and clears the descriptor number. Workers
+// keep theirs. Safe to call twice.
 func (l *Listener) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.file == nil {
 		return nil
 	}
 	err := l.file.Close()
-	l.file = nil
+	l.file, l.fd = nil, 0
 	return err
 }
 
@@ -94,7 +109,7 @@ var ErrAddressInUse = errors.New("handoff: address already in use")
 // or systemd passed on through store when there is one, else a new socket with
 // O_NONBLOCK set as asked. An inherited socket keeps its flags. The listener is
 // registered in store so that it crosses the next handoff.
-func Acquire(store Store, network, address, name string, nonblocking bool) (*Listener, error) {
+func Acquire(store Store, network, address string, nonblocking bool) (*Listener, error) {
 	key := Key(network, address)
 	var l *Listener
 	if store != nil {
@@ -103,13 +118,12 @@ func Acquire(store Store, network, address, name string, nonblocking bool) (*Lis
 			return nil, fmt.Errorf("inherit %s %s: %w", network, address, err)
 		}
 		if f != nil {
-			l = fromFile(f, network, address, name)
-			l.Inherited = true
+			l = Adopt(f, network, address)
 		}
 	}
 	if l == nil {
 		var err error
-		if l, err = Open(network, address, name, nonblocking); err != nil {
+		if l, err = Open(network, address, nonblocking); err != nil {
 			return nil, err
 		}
 	}
@@ -125,14 +139,8 @@ func Acquire(store Store, network, address, name string, nonblocking bool) (*Lis
 }
 
 // Adopt wraps an inherited descriptor (e.g. from systemd socket activation).
-func Adopt(f *os.File, network, address, name string) *Listener {
-	l := fromFile(f, network, address, name)
-	l.Inherited = true
-	return l
-}
-
-func fromFile(f *os.File, network, address, name string) *Listener {
-	l := &Listener{Network: network, Address: address, Name: name, file: f}
+func Adopt(f *os.File, network, address string) *Listener {
+	l := &Listener{Network: network, Address: address, Inherited: true, file: f}
 	if raw, err := f.SyscallConn(); err == nil {
 		raw.Control(func(fd uintptr) { l.fd = fd })
 	}
@@ -141,7 +149,7 @@ func fromFile(f *os.File, network, address, name string) *Listener {
 
 // Open creates a listening socket. A busy address returns an error wrapping
 // ErrAddressInUse; a stale unix socket file (nobody accepting) is replaced.
-func Open(network, address, name string, nonblocking bool) (*Listener, error) {
+func Open(network, address string, nonblocking bool) (*Listener, error) {
 	if network == "unix" {
 		if err := removeStaleUnix(address); err != nil {
 			return nil, err
@@ -183,7 +191,7 @@ func Open(network, address, name string, nonblocking bool) (*Listener, error) {
 		return nil, fmt.Errorf("set O_NONBLOCK on %s: %w", address, err)
 	}
 	f := os.NewFile(uintptr(dup), Key(network, address))
-	return &Listener{Network: network, Address: address, Name: name, file: f, fd: uintptr(dup)}, nil
+	return &Listener{Network: network, Address: address, file: f, fd: uintptr(dup)}, nil
 }
 
 // removeStaleUnix removes a unix socket file nobody accepts on.

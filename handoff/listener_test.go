@@ -2,6 +2,7 @@ package handoff
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,10 +14,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mustOpen calls Open and closes the listener when the test ends.
-func mustOpen(t testing.TB, network, address, name string, nonblocking bool) *Listener {
+// fdOf is l's descriptor; the test fails if l is closed.
+func fdOf(t testing.TB, l *Listener) uintptr {
 	t.Helper()
-	l, err := Open(network, address, name, nonblocking)
+	fd, err := l.Fd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// mustOpen calls Open and closes the listener when the test ends.
+func mustOpen(t testing.TB, network, address string, nonblocking bool) *Listener {
+	t.Helper()
+	l, err := Open(network, address, nonblocking)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +65,7 @@ func TestOpenTCPBusyPort(t *testing.T) {
 	addr := busy.Addr().String()
 
 	before := fdCount(t)
-	l, err := Open("tcp", addr, "http", false)
+	l, err := Open("tcp", addr, false)
 	if err == nil {
 		l.Close()
 		t.Fatalf("Open(%s) on a busy port: no error", addr)
@@ -79,20 +90,20 @@ func TestOpenTCPBusyPort(t *testing.T) {
 
 func TestOpenTCP(t *testing.T) {
 	for _, nb := range []bool{false, true} {
-		l := mustOpen(t, "tcp", "127.0.0.1:0", "http", nb)
-		if l.Network != "tcp" || l.Address != "127.0.0.1:0" || l.Name != "http" || l.Inherited {
+		l := mustOpen(t, "tcp", "127.0.0.1:0", nb)
+		if l.Network != "tcp" || l.Address != "127.0.0.1:0" || l.Inherited {
 			t.Errorf("fields: %+v", l)
 		}
-		if l.Fd() < 3 {
-			t.Errorf("Fd() = %d, want a descriptor above stdio", l.Fd())
+		if fdOf(t, l) < 3 {
+			t.Errorf("Fd() = %d, want a descriptor above stdio", fdOf(t, l))
 		}
-		if got := nonblock(t, l.Fd()); got != nb {
+		if got := nonblock(t, fdOf(t, l)); got != nb {
 			t.Errorf("Open(nonblocking=%v): O_NONBLOCK = %v", nb, got)
 		}
 		if got, err := l.Nonblocking(); err != nil || got != nb {
 			t.Errorf("Nonblocking() = %v, %v; want %v", got, err, nb)
 		}
-		flags, err := unix.FcntlInt(l.Fd(), unix.F_GETFD, 0)
+		flags, err := unix.FcntlInt(fdOf(t, l), unix.F_GETFD, 0)
 		if err != nil || flags&unix.FD_CLOEXEC == 0 {
 			t.Errorf("listener fd is not close-on-exec (flags %#x, %v)", flags, err)
 		}
@@ -114,7 +125,7 @@ func TestOpenTCP(t *testing.T) {
 }
 
 func TestOpenTCP6LocalAddr(t *testing.T) {
-	l, err := Open("tcp6", "[::1]:0", "v6", false)
+	l, err := Open("tcp6", "[::1]:0", false)
 	if err != nil {
 		t.Skipf("no IPv6 loopback: %v", err)
 	}
@@ -130,7 +141,7 @@ func TestOpenTCP6LocalAddr(t *testing.T) {
 
 func TestListenerCloseTwice(t *testing.T) {
 	before := fdCount(t)
-	l, err := Open("tcp", "127.0.0.1:0", "", false)
+	l, err := Open("tcp", "127.0.0.1:0", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,11 +162,11 @@ func TestListenerCloseTwice(t *testing.T) {
 
 func TestOpenUnix(t *testing.T) {
 	path := filepath.Join(shortDir(t), "app.sock")
-	l := mustOpen(t, "unix", path, "admin", true)
+	l := mustOpen(t, "unix", path, true)
 	if got, err := l.LocalAddr(); err != nil || got != path {
 		t.Errorf("LocalAddr() = %q, %v; want %q", got, err, path)
 	}
-	if !nonblock(t, l.Fd()) {
+	if !nonblock(t, fdOf(t, l)) {
 		t.Error("O_NONBLOCK not set")
 	}
 	if !dialable("unix", path) {
@@ -184,7 +195,7 @@ func TestOpenUnixReplacesStaleSocket(t *testing.T) {
 		t.Fatal("the stale socket still accepts")
 	}
 
-	l := mustOpen(t, "unix", path, "admin", false)
+	l := mustOpen(t, "unix", path, false)
 	if !dialable("unix", path) {
 		t.Errorf("the replaced socket %s does not accept", path)
 	}
@@ -201,7 +212,7 @@ func TestOpenUnixRefusesLiveSocket(t *testing.T) {
 	}
 	defer live.Close()
 
-	l, err := Open("unix", path, "admin", false)
+	l, err := Open("unix", path, false)
 	if err == nil {
 		l.Close()
 		t.Fatal("Open took over a socket another process serves")
@@ -222,7 +233,7 @@ func TestOpenUnixRefusesRegularFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Open("unix", path, "admin", false)
+	l, err := Open("unix", path, false)
 	if err == nil {
 		l.Close()
 		t.Fatal("Open replaced a regular file")
@@ -265,7 +276,7 @@ func (s *fakeStore) AddFile(name string, f *os.File) error {
 func TestAcquireInherited(t *testing.T) {
 	// The "previous agent" made a nonblocking socket; the new one asks for
 	// blocking and must keep the inherited flags anyway.
-	prev := mustOpen(t, "tcp", "127.0.0.1:0", "http", true)
+	prev := mustOpen(t, "tcp", "127.0.0.1:0", true)
 	addr, err := prev.LocalAddr()
 	if err != nil {
 		t.Fatal(err)
@@ -273,20 +284,20 @@ func TestAcquireInherited(t *testing.T) {
 	store := newFakeStore()
 	store.files[Key("tcp", addr)] = prev.file
 
-	l, err := Acquire(store, "tcp", addr, "http", false)
+	l, err := Acquire(store, "tcp", addr, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !l.Inherited {
 		t.Error("inherited listener not marked Inherited")
 	}
-	if l.Fd() != prev.Fd() {
-		t.Errorf("Fd() = %d, want the inherited %d", l.Fd(), prev.Fd())
+	if fdOf(t, l) != fdOf(t, prev) {
+		t.Errorf("Fd() = %d, want the inherited %d", fdOf(t, l), fdOf(t, prev))
 	}
-	if !nonblock(t, l.Fd()) {
+	if !nonblock(t, fdOf(t, l)) {
 		t.Error("the inherited socket's O_NONBLOCK was changed")
 	}
-	if l.Network != "tcp" || l.Address != addr || l.Name != "http" {
+	if l.Network != "tcp" || l.Address != addr {
 		t.Errorf("fields: %+v", l)
 	}
 	// tableflip keeps what File returned for the next handoff: adding it
@@ -301,7 +312,7 @@ func TestAcquireInherited(t *testing.T) {
 
 func TestAcquireNew(t *testing.T) {
 	store := newFakeStore()
-	l, err := Acquire(store, "tcp", "127.0.0.1:0", "http", true)
+	l, err := Acquire(store, "tcp", "127.0.0.1:0", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +320,7 @@ func TestAcquireNew(t *testing.T) {
 	if l.Inherited {
 		t.Error("new listener marked Inherited")
 	}
-	if !nonblock(t, l.Fd()) {
+	if !nonblock(t, fdOf(t, l)) {
 		t.Error("O_NONBLOCK not set as asked")
 	}
 	f := store.added[Key("tcp", "127.0.0.1:0")]
@@ -319,13 +330,13 @@ func TestAcquireNew(t *testing.T) {
 }
 
 func TestAcquireNilStore(t *testing.T) {
-	l, err := Acquire(nil, "tcp", "127.0.0.1:0", "http", false)
+	l, err := Acquire(nil, "tcp", "127.0.0.1:0", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if l.Inherited || nonblock(t, l.Fd()) {
-		t.Errorf("Inherited=%v nonblocking=%v, want false, false", l.Inherited, nonblock(t, l.Fd()))
+	if l.Inherited || nonblock(t, fdOf(t, l)) {
+		t.Errorf("Inherited=%v nonblocking=%v, want false, false", l.Inherited, nonblock(t, fdOf(t, l)))
 	}
 }
 
@@ -334,14 +345,14 @@ func TestAcquireStoreErrors(t *testing.T) {
 
 	store := newFakeStore()
 	store.fileErr = boom
-	if _, err := Acquire(store, "tcp", "127.0.0.1:0", "http", false); !errors.Is(err, boom) {
+	if _, err := Acquire(store, "tcp", "127.0.0.1:0", false); !errors.Is(err, boom) {
 		t.Errorf("File error: got %v, want it wrapped", err)
 	}
 
 	before := fdCount(t)
 	store = newFakeStore()
 	store.addErr = boom
-	l, err := Acquire(store, "tcp", "127.0.0.1:0", "http", false)
+	l, err := Acquire(store, "tcp", "127.0.0.1:0", false)
 	if l != nil {
 		l.Close()
 	}
@@ -354,12 +365,33 @@ func TestAcquireStoreErrors(t *testing.T) {
 }
 
 func TestAdopt(t *testing.T) {
-	prev := mustOpen(t, "tcp", "127.0.0.1:0", "", false)
-	l := Adopt(prev.file, "tcp", "127.0.0.1:8080", "http")
-	if !l.Inherited || l.Fd() != prev.Fd() || l.Name != "http" {
+	prev := mustOpen(t, "tcp", "127.0.0.1:0", false)
+	l := Adopt(prev.file, "tcp", "127.0.0.1:8080")
+	if !l.Inherited || fdOf(t, l) != fdOf(t, prev) {
 		t.Errorf("Adopt: %+v", l)
 	}
-	if nonblock(t, l.Fd()) {
+	if nonblock(t, fdOf(t, l)) {
 		t.Error("Adopt changed O_NONBLOCK")
 	}
+}
+
+// LocalAddr returns the bound address (for the tests).
+func (l *Listener) LocalAddr() (string, error) {
+	fd, err := l.Fd()
+	if err != nil {
+		return "", err
+	}
+	sa, err := unix.Getsockname(int(fd))
+	if err != nil {
+		return "", fmt.Errorf("getsockname: %w", err)
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
+	case *unix.SockaddrInet6:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
+	case *unix.SockaddrUnix:
+		return a.Name, nil
+	}
+	return "", fmt.Errorf("getsockname: unexpected address %T", sa)
 }

@@ -32,10 +32,10 @@ type Proc struct {
 	Shim string   // the deployd binary that runs the shim
 	Argv []string // the app; Argv[0] absolute or relative to Dir
 	Dir  string
-	Env  []string // without the LISTEN_* variables, which Start adds
+	Env  []string // LISTEN_* (which Start sets) and TABLEFLIP_* are dropped
 	// Stdout and Stderr are the write ends of the worker's output pipes.
 	Stdout, Stderr *os.File
-	Listeners      []*Listener // become fds 3, 4, ...
+	Listeners      []Bound // become fds 3, 4, ...
 	// Extra files follow the listeners (e.g. the node-ipc channel); their
 	// numbers are 3+len(Listeners)+i.
 	Extra      []*os.File
@@ -61,7 +61,11 @@ func Start(p Proc) (*os.Process, error) {
 	files := []uintptr{devnull.Fd(), p.Stdout.Fd(), p.Stderr.Fd()}
 	names := make([]string, 0, len(p.Listeners))
 	for _, l := range p.Listeners {
-		files = append(files, l.Fd())
+		fd, err := l.Fd()
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", p.Argv[0], err)
+		}
+		files = append(files, fd)
 		names = append(names, l.Name)
 	}
 	for _, f := range p.Extra {
@@ -71,7 +75,7 @@ func Start(p Proc) (*os.Process, error) {
 		}
 		files = append(files, fd)
 	}
-	env := append(withoutContractVars(p.Env),
+	env := append(without(p.Env, startVar),
 		EnvListenFDs+"="+strconv.Itoa(len(p.Listeners)),
 		EnvListenFDNames+"="+strings.Join(names, ":"))
 	argv := []string{p.Shim, ShimArg}
@@ -108,19 +112,6 @@ func rawFd(f *os.File) (uintptr, error) {
 		return 0, fmt.Errorf("fd of %s: %w", f.Name(), err)
 	}
 	return out, nil
-}
-
-func withoutContractVars(env []string) []string {
-	out := make([]string, 0, len(env)+3)
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		switch k {
-		case EnvListenFDs, EnvListenPID, EnvListenFDNames, "TABLEFLIP_HAS_PARENT_7DIU3":
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
 }
 
 // RunShim is the shim's main: args are what follows ShimArg. It only returns

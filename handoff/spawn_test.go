@@ -71,9 +71,9 @@ func runProc(t *testing.T, p Proc) procResult {
 
 func TestStartWorkerContract(t *testing.T) {
 	exe := testBinary(t)
-	tcp := mustOpen(t, "tcp", "127.0.0.1:0", "http", true)
+	tcp := mustOpen(t, "tcp", "127.0.0.1:0", true)
 	sock := filepath.Join(shortDir(t), "admin.sock")
-	uds := mustOpen(t, "unix", sock, "admin", false)
+	uds := mustOpen(t, "unix", sock, false)
 	tcpAddr, err := tcp.LocalAddr()
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestStartWorkerContract(t *testing.T) {
 			// Stale values from the agent's own environment must not win.
 			"LISTEN_PID=1", "LISTEN_FDS=7", "LISTEN_FDNAMES=stale",
 		},
-		Listeners: []*Listener{tcp, uds},
+		Listeners: []Bound{{Listener: tcp, Name: "http"}, {Listener: uds, Name: "admin"}},
 		Extra:     []*os.File{ipc.Child},
 	})
 	ipc.Child.Close()
@@ -169,13 +169,13 @@ func TestStartKeepsAdoptedSocketNonblocking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := Adopt(f, "tcp", ln.Addr().String(), "http")
+	l := Adopt(f, "tcp", ln.Addr().String())
 	defer l.Close()
 	if nb, err := l.Nonblocking(); err != nil || !nb {
 		t.Fatalf("adopted socket nonblocking=%v (%v) before Start, want true", nb, err)
 	}
 	res := runProc(t, Proc{Shim: exe, Argv: []string{exe}, Env: []string{helperEnv + "=print-env", noRaceExitSleep},
-		Listeners: []*Listener{l}})
+		Listeners: []Bound{{Listener: l, Name: "http"}}})
 	var rep childReport
 	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
 		t.Fatalf("helper output %q (exit %d, stderr %q): %v", res.stdout, res.exitCode, res.stderr, err)
@@ -300,8 +300,12 @@ func TestRunShimFailures(t *testing.T) {
 func TestWithoutContractVars(t *testing.T) {
 	in := []string{"A=1", "LISTEN_FDS=3", "LISTEN_PID=9", "LISTEN_FDNAMES=x", "TABLEFLIP_HAS_PARENT_7DIU3=1", "B=LISTEN_FDS=2", "LISTEN_FDS_X=1"}
 	want := []string{"A=1", "B=LISTEN_FDS=2", "LISTEN_FDS_X=1"}
-	if got := withoutContractVars(in); !slices.Equal(got, want) {
-		t.Errorf("withoutContractVars = %q, want %q", got, want)
+	if got := without(in, startVar); !slices.Equal(got, want) {
+		t.Errorf("without(startVar) = %q, want %q", got, want)
+	}
+	in = append(in, "NOTIFY_SOCKET=/run/n", "WATCHDOG_USEC=1", "DEPLOYD_APP=web", "NODE_CHANNEL_FD=4", "LISTEN_X=1")
+	if got, want := WorkerEnv(in), []string{"A=1", "B=LISTEN_FDS=2"}; !slices.Equal(got, want) {
+		t.Errorf("WorkerEnv = %q, want %q", got, want)
 	}
 	if ShimArg != "__deployd-exec" {
 		t.Errorf("ShimArg changed to %q: old agents exec new binaries with it", ShimArg)

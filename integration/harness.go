@@ -44,14 +44,26 @@ func Build(dir, name, pkg, ver string) (string, error) {
 	if ver != "" {
 		args = append(args, "-ldflags", "-X github.com/deployd/deployd/internal/version.Version="+ver)
 	}
+	cgo := "CGO_ENABLED=0"
+	if RaceBuild() && pkg == "./cmd/deployd" {
+		args, cgo = append(args, "-race"), "CGO_ENABLED=1"
+	}
 	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = RepoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = append(os.Environ(), cgo)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out, nil
 }
+
+// RaceBuild reports whether DEPLOYD_TEST_RACE=1 asks for a deployd built
+// with the race detector; every agent's log is then checked for a report
+// when it stops.
+func RaceBuild() bool { return os.Getenv("DEPLOYD_TEST_RACE") == "1" }
+
+// raceReport is how the race detector starts a report on stderr.
+const raceReport = "WARNING: DATA RACE"
 
 // BuildAll builds deployd and the test app into a new folder readable by
 // every user (tests run the CLI as nobody too).
@@ -188,7 +200,7 @@ func (a *Agent) Start() {
 	a.cmd = exec.Command(a.Binary, "agent", "-c", a.Config, "--log-level", "debug")
 	a.cmd.Dir = a.Dir
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	a.cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=")
+	a.cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=", "GORACE=atexit_sleep_ms=0")
 	// The agent dies with the test process; its workers die with it.
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
@@ -197,6 +209,7 @@ func (a *Agent) Start() {
 	a.done = make(chan struct{})
 	go func() { a.cmd.Wait(); close(a.done) }()
 	a.t.Cleanup(a.Stop)
+	a.t.Cleanup(a.checkRace) // runs after Stop (cleanups run last first)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for {
@@ -263,6 +276,14 @@ func (a *Agent) Stop() {
 		_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
 		<-a.done
 		a.t.Errorf("agent did not stop within 30s of SIGTERM\n%s", a.log.String())
+	}
+}
+
+// checkRace fails the test when the race detector reported a data race in
+// the agent (or an agent it handed off to: they share the log).
+func (a *Agent) checkRace() {
+	if log := a.log.String(); strings.Contains(log, raceReport) {
+		a.t.Errorf("the race detector reported a data race in the agent:\n%s", log)
 	}
 }
 

@@ -68,7 +68,7 @@ func TestAbandonedAfterFailedRollbackSaysWhatServes(t *testing.T) {
 	// fails too (first-only exits the second time).
 	spec2 := nextSpec(spec, "serve-ready-slot-0")
 	l2 := newListener(t) // only v2 has it
-	spec2.Listeners = append(slices.Clone(spec.Listeners), l2)
+	spec2.Listeners = append(slices.Clone(spec.Listeners), handoff.Bound{Listener: l2, Name: "extra"})
 	err := s.Reload(spec2, Rolling, nil)
 	var ab *AbandonedError
 	if !errors.As(err, &ab) {
@@ -91,7 +91,7 @@ func TestAbandonedAfterFailedRollbackSaysWhatServes(t *testing.T) {
 		t.Errorf("after a failed rollback: %+v", st.Workers)
 	}
 	// Slot 0 serves v2's listeners: the agent must not close them.
-	if live := s.LiveListeners(); !slices.Contains(live, l2) || !slices.Contains(live, spec.Listeners[0]) {
+	if live := s.LiveListeners(); !slices.Contains(live, l2) || !slices.Contains(live, spec.Listeners[0].Listener) {
 		t.Errorf("LiveListeners = %v, want v1's and v2's", live)
 	}
 }
@@ -103,12 +103,13 @@ func TestLiveListenersAfterReload(t *testing.T) {
 	s := newSupervisor(t, spec)
 	mustStart(t, s)
 	spec2 := nextSpec(spec, "serve-ready")
-	spec2.Listeners = []*handoff.Listener{newListener(t)}
+	l2 := newListener(t)
+	spec2.Listeners = []handoff.Bound{{Listener: l2, Name: "web"}}
 	if err := s.Reload(spec2, Rolling, nil); err != nil {
 		t.Fatal(err)
 	}
-	if live := s.LiveListeners(); !slices.Equal(live, spec2.Listeners) {
-		t.Errorf("LiveListeners = %v, want only v2's %v", live, spec2.Listeners)
+	if live := s.LiveListeners(); !slices.Equal(live, []*handoff.Listener{l2}) {
+		t.Errorf("LiveListeners = %v, want only v2's %v", live, l2)
 	}
 }
 

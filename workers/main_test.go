@@ -266,7 +266,7 @@ func testBinary(t testing.TB) string {
 // newListener opens a listener for the workers and closes it at the end.
 func newListener(t testing.TB) *handoff.Listener {
 	t.Helper()
-	l, err := handoff.Open("tcp", "127.0.0.1:0", "http", false)
+	l, err := handoff.Open("tcp", "127.0.0.1:0", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func testSpec(t testing.TB, l *handoff.Listener, helper string, n int) *Spec {
 		Generation:   1,
 		Argv:         []string{testBinary(t)},
 		Env:          []string{helperEnv + "=" + helper, noRaceExitSleep},
-		Listeners:    []*handoff.Listener{l},
+		Listeners:    []handoff.Bound{{Listener: l, Name: "http"}},
 		Instances:    n,
 		Ready:        ReadyPolicy{Mode: ReadyNotify},
 		ReadyTimeout: readyTimeout,

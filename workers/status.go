@@ -91,8 +91,8 @@ func (s *Supervisor) LiveListeners() []*handoff.Listener {
 	var out []*handoff.Listener
 	add := func(spec *Spec) {
 		for _, l := range spec.Listeners {
-			if !slices.Contains(out, l) {
-				out = append(out, l)
+			if !slices.Contains(out, l.Listener) {
+				out = append(out, l.Listener)
 			}
 		}
 	}

@@ -31,8 +31,9 @@ type Spec struct {
 	Dir        string
 	Env        []string
 	Credential *syscall.Credential
-	// Listeners become the workers' fds 3, 4, ...
-	Listeners []*handoff.Listener
+	// Listeners become the workers' fds 3, 4, ..., named as the spec's
+	// config names them (the listener itself is shared and never changes).
+	Listeners []handoff.Bound
 
 	Instances    int
 	Ready        ReadyPolicy

@@ -244,7 +244,7 @@ func TestNoApps(t *testing.T) {
 	if len(c.Apps) != 0 || len(c.AppNames) != 0 {
 		t.Errorf("apps = %v", c.AppNames)
 	}
-	if _, ok := c.App("web"); ok {
+	if _, ok := c.Apps["web"]; ok {
 		t.Error("App(web) found in an empty config")
 	}
 }
@@ -253,7 +253,7 @@ func TestDefaults(t *testing.T) {
 	c := loadOK(t, web)
 	want := defaultApp("web", filepath.Dir(c.Path), 4)
 	want.Command = []string{filepath.Join(filepath.Dir(c.Path), "server")}
-	got, ok := c.App("web")
+	got, ok := c.Apps["web"]
 	if !ok {
 		t.Fatal("no app web")
 	}

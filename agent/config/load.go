@@ -48,12 +48,6 @@ func Parse(path string, data []byte) (*Config, error) {
 	return parse(path, data, currentEnv())
 }
 
-// App returns the app named name.
-func (c *Config) App(name string) (*App, bool) {
-	app, ok := c.Apps[name]
-	return app, ok
-}
-
 type rawFile struct {
 	Agent toml.Primitive `toml:"agent"`
 	Apps  toml.Primitive `toml:"apps"`

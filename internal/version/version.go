@@ -1,4 +1,5 @@
-// Package version holds the build's version string.
+// Package version owns the build's version string (set with -ldflags, or
+// read from the module build info).
 package version
 
 import "runtime/debug"

@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"context"
+	"net"
+
+	"github.com/cloudflare/tableflip"
+
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
+)
+
+// upgrader is what the agent needs of tableflip: descriptors that cross a
+// handoff, and the handoff itself. Behind an interface so that the agent's
+// lifecycle gets unit tests without forking (a fake in the tests).
+type upgrader interface {
+	Fds() fdStore
+	// Ready tells the previous agent (if any) that this one serves.
+	Ready() error
+	// Upgrade starts a new agent and returns once it is ready or failed.
+	Upgrade() error
+	// Exit is closed once a new agent is ready (this one then drains).
+	Exit() <-chan struct{}
+	// HasParent reports whether a previous agent started this one.
+	HasParent() bool
+	// WaitForParent returns once the previous agent has exited.
+	WaitForParent(ctx context.Context) error
+	// Stop cancels an upgrade in flight and closes (and unlinks) the unix
+	// sockets this process created; a new agent that gives up must not.
+	Stop()
+}
+
+// fdStore keeps descriptors across a handoff (*tableflip.Fds).
+type fdStore interface {
+	handoff.Store
+	Listener(network, addr string) (net.Listener, error)
+	Listen(network, addr string) (net.Listener, error)
+	AddListener(network, addr string, ln tableflip.Listener) error
+}
+
+// flip is the real upgrader.
+type flip struct{ u *tableflip.Upgrader }
+
+func newFlip(s config.Agent) (upgrader, error) {
+	u, err := tableflip.New(tableflip.Options{UpgradeTimeout: s.UpgradeTimeout, PIDFile: s.PIDFile})
+	if err != nil {
+		return nil, err
+	}
+	return flip{u}, nil
+}
+
+func (f flip) Fds() fdStore                            { return f.u.Fds }
+func (f flip) Ready() error                            { return f.u.Ready() }
+func (f flip) Upgrade() error                          { return f.u.Upgrade() }
+func (f flip) Exit() <-chan struct{}                   { return f.u.Exit() }
+func (f flip) HasParent() bool                         { return f.u.HasParent() }
+func (f flip) WaitForParent(ctx context.Context) error { return f.u.WaitForParent(ctx) }
+func (f flip) Stop()                                   { f.u.Stop() }
