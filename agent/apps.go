@@ -203,6 +203,9 @@ func (a *Agent) specFor(app *config.App, ls []*handoff.Listener, gen int, rel st
 		StopTimeout: app.StopTimeout, Restart: app.Restart, MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
 	}
+	if spec.Node, err = a.nodeSpec(app, argv, ls); err != nil {
+		return nil, err
+	}
 	return spec, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers/logs"
+	"github.com/deployd/deployd/workers/nodejs"
 )
 
 // Spec is what a generation of workers runs.
@@ -45,6 +46,8 @@ type Spec struct {
 	Watchdog  time.Duration
 	// CPUAffinity pins worker slot i to usable CPU i mod n.
 	CPUAffinity bool
+	// Node, when set, starts the workers with deployd's Node.js preload.
+	Node *nodejs.Spec
 }
 
 // AppState is the state of an app's pool.

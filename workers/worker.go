@@ -219,9 +219,23 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 			handoff.EnvNodeChannelFD+"="+strconv.Itoa(3+len(spec.Listeners)),
 			"NODE_CHANNEL_SERIALIZATION_MODE=json")
 	}
+	var node *nodeStart
+	var fixed []handoff.FixedFile
+	if spec.Node != nil {
+		node, err = prepareNode(spec, env)
+		if err != nil {
+			closeFiles(outR, outW, errR, errW)
+			if ipc != nil {
+				closeFiles(ipc.Parent, ipc.Child)
+			}
+			notify.Close()
+			return nil, err
+		}
+		env, fixed = node.env, node.fixed
+	}
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
-		Stdout: outW, Stderr: errW, Listeners: spec.Listeners, Extra: extra,
+		Stdout: outW, Stderr: errW, Listeners: spec.Listeners, Extra: extra, Fixed: fixed,
 		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
 	})
 	outW.Close()
@@ -229,12 +243,18 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if ipc != nil {
 		ipc.Child.Close()
 	}
+	if node != nil {
+		node.ch.Child.Close()
+	}
 	if err != nil {
 		notify.Close()
 		outR.Close()
 		errR.Close()
 		if ipc != nil {
 			ipc.Parent.Close()
+		}
+		if node != nil {
+			node.ch.Parent.Close()
 		}
 		return nil, err
 	}
@@ -267,12 +287,19 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		readers.Add(1)
 		go w.readIPC(&readers, ipc.Parent)
 	}
+	if node != nil {
+		readers.Add(1)
+		go w.readNode(&readers, node.ch.Parent, spec.Ready)
+	}
 	if spec.Ready.Mode == config.ReadyDelay {
 		go w.readyAfterDelay(spec.Ready.Delay)
 	}
 	pipes := []*os.File{outR, errR}
 	if ipc != nil {
 		pipes = append(pipes, ipc.Parent)
+	}
+	if node != nil {
+		pipes = append(pipes, node.ch.Parent)
 	}
 	go func() {
 		w.wait(&readers, pipes)
