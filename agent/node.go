@@ -22,7 +22,8 @@ func (a *Agent) nodeSpec(app *config.App, argv []string, ls []*handoff.Listener)
 		return nil, fmt.Errorf("app %s: %w", app.Name, err)
 	}
 	spec := &nodejs.Spec{Preload: p, App: app.Name, ReportReady: app.Ready.Mode == config.ReadyNotify,
-		StopSignal: unix.SignalName(app.StopSignal), StopTimeout: app.StopTimeout}
+		StopSignal: unix.SignalName(app.StopSignal), StopTimeout: app.StopTimeout,
+		Indirect: !nodejs.Direct(argv)}
 	for _, l := range ls {
 		addr := l.Address
 		if l.Network != "unix" {

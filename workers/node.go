@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
@@ -45,6 +47,7 @@ func prepareNode(spec *Spec, env []string) (*nodeStart, error) {
 // ERROR= becomes the worker's status, which status shows.
 func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready config.Ready) {
 	defer wg.Done()
+	defer close(w.node.done)
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 4096), handoff.MaxNotifyMessage)
@@ -59,6 +62,39 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready config.Ready) {
 		w.onNotify(msg)
 	}
 	_, _ = io.Copy(io.Discard, f)
+}
+
+// nodeWorker is the node side of a Worker. Through `npm start` the main
+// process is npm, which on SIGTERM kills its `sh -c` and exits at once, while
+// the app's node (a grandchild) would never hear of it. So for a command
+// that starts node underneath (indirect), the stop signal goes to the whole
+// process group, and the worker counts as gone only when the app's node has
+// closed the preload's channel too.
+type nodeWorker struct {
+	done     chan struct{} // closed at EOF of the channel: every holder exited
+	grace    time.Duration // bounds the wait for the channel after the main process exited
+	indirect bool
+}
+
+func (n *nodeWorker) signal(pid int, sig syscall.Signal) {
+	if n.indirect {
+		pid = -pid
+	}
+	_ = syscall.Kill(pid, sig)
+}
+
+// await waits until the channel is closed by every process, at most grace.
+// With node as the main process its exit is the app's: no wait.
+func (n *nodeWorker) await() {
+	if !n.indirect {
+		return
+	}
+	t := time.NewTimer(max(n.grace, time.Second))
+	defer t.Stop()
+	select {
+	case <-n.done:
+	case <-t.C:
+	}
 }
 
 func closeFiles(fs ...*os.File) {

@@ -56,6 +56,9 @@ type Worker struct {
 	exitState *os.ProcessState
 	readyOnce sync.Once
 	cpu       cpuSample
+
+	// node is set for a worker with the Node.js preload (see node.go).
+	node *nodeWorker
 }
 
 // Ready is closed when the worker reported ready.
@@ -152,7 +155,11 @@ func (w *Worker) Stop(sig syscall.Signal, timeout time.Duration, state State) {
 	default:
 	}
 	w.setState(state)
-	_ = w.Signal(sig)
+	if w.node != nil {
+		w.node.signal(w.PID, sig)
+	} else {
+		_ = w.Signal(sig)
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -288,6 +295,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		go w.readIPC(&readers, ipc.Parent)
 	}
 	if node != nil {
+		w.node = &nodeWorker{done: make(chan struct{}), grace: spec.StopTimeout, indirect: spec.Node.Indirect}
 		readers.Add(1)
 		go w.readNode(&readers, node.ch.Parent, spec.Ready)
 	}
@@ -318,6 +326,9 @@ const outputGrace = 2 * time.Second
 // wait reaps the process and drains its output.
 func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 	st, err := w.proc.Wait()
+	if w.node != nil {
+		w.node.await() // npm start: the app's node may outlive npm
+	}
 	// Output pipes may be held open by children the worker left behind;
 	// they die with the group, so the readers see EOF.
 	w.killGroup()

@@ -122,6 +122,18 @@ type Spec struct {
 	StopSignal  string
 	StopTimeout time.Duration
 	Listeners   []Listener
+	// Indirect: the command starts node underneath (npm start, sh -c ...),
+	// so the main process is not the app's node.
+	Indirect bool
+}
+
+// Direct tells whether argv's main process is node itself.
+func Direct(argv []string) bool {
+	if len(argv) == 0 {
+		return false
+	}
+	b := filepath.Base(argv[0])
+	return b == "node" || b == "nodejs"
 }
 
 type wireListener struct {

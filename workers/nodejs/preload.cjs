@@ -167,7 +167,7 @@ function run(cfg) {
     process.stderr.write(msg + '\n');
     process.exitCode = 1;
     var t = setTimeout(function () { origExit.call(process, 1); }, 500);
-    send(['ERROR=' + msg, 'STATUS=' + msg], function () {
+    send(['ERROR=' + msg], function () {
       clearTimeout(t);
       origExit.call(process, 1);
     });
