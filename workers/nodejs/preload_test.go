@@ -1,0 +1,201 @@
+package nodejs
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// preloadRun is node running js with the preload, a listener on a free port
+// as fd 4 and the channel as fd 3 (as the agent passes them, at other numbers).
+type preloadRun struct {
+	port  int
+	cmd   *exec.Cmd
+	out   *bufio.Scanner
+	ctl   *bufio.Scanner
+	ctlCh chan string
+}
+
+func needNode(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("node is not installed, and CI must run the preload tests: install Node.js 18+")
+		}
+		t.Skip("node not installed")
+	}
+}
+
+func startPreload(t *testing.T, js string, ready bool) *preloadRun {
+	t.Helper()
+	needNode(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	lf, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, child := os.NewFile(uintptr(fds[0]), "ctl"), os.NewFile(uintptr(fds[1]), "ctl-child")
+	defer child.Close()
+	t.Cleanup(func() { parent.Close() })
+	dir := t.TempDir()
+	p, err := Install(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	spec := &Spec{Preload: p, App: "web", ReportReady: ready, StopSignal: "SIGTERM", StopTimeout: 10 * time.Second,
+		Listeners: []Listener{{"tcp", ln.Addr().String()}}}
+	app := filepath.Join(dir, "app.js")
+	if err := os.WriteFile(app, []byte(js), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("node", app)
+	cmd.Env = spec.Env(append(os.Environ(), fmt.Sprintf("TEST_PORT=%d", port)), 3, 4)
+	cmd.ExtraFiles = []*os.File{child, lf}
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	r := &preloadRun{port: port, cmd: cmd, out: bufio.NewScanner(stdout), ctlCh: make(chan string, 100)}
+	go func() {
+		sc := bufio.NewScanner(parent)
+		for sc.Scan() {
+			r.ctlCh <- sc.Text()
+		}
+		close(r.ctlCh)
+	}()
+	return r
+}
+
+// waitCtl waits for the channel line want; it returns the lines before it.
+func (r *preloadRun) waitCtl(t *testing.T, want string) []string {
+	t.Helper()
+	var seen []string
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case l, ok := <-r.ctlCh:
+			if !ok {
+				t.Fatalf("channel closed before %q; got %q", want, seen)
+			}
+			if strings.HasPrefix(l, want) {
+				return seen
+			}
+			seen = append(seen, l)
+		case <-deadline:
+			t.Fatalf("no %q on the channel within 10s; got %q", want, seen)
+		}
+	}
+}
+
+func (r *preloadRun) exit(t *testing.T) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- r.cmd.Wait() }()
+	select {
+	case <-done:
+		return r.cmd.ProcessState.ExitCode()
+	case <-time.After(10 * time.Second):
+		t.Fatal("node did not exit within 10s")
+		return -1
+	}
+}
+
+const listenHead = `const http = require('http'), net = require('net');
+const port = Number(process.env.TEST_PORT);
+const h = (req, res) => res.end('ok');
+function report(s) { return () => console.log(JSON.stringify(s.address())); }
+`
+
+func TestPreloadMapsEveryListenForm(t *testing.T) {
+	for name, js := range map[string]string{
+		"number":               `const s = http.createServer(h); s.listen(port, report(s));`,
+		"numeric string":       `const s = http.createServer(h); s.listen(String(port), report(s));`,
+		"options":              `const s = http.createServer(h); s.listen({port, host: '0.0.0.0'}, report(s));`,
+		"port host cb":         `const s = http.createServer(h); s.listen(port, '127.0.0.1', report(s));`,
+		"port host backlog cb": `const s = http.createServer(h); s.listen(port, '::', 511, report(s));`,
+		"listening event":      `const s = http.createServer(h); s.on('listening', report(s)); s.listen(port);`,
+		"net server":           `const s = net.createServer((c) => c.end('HTTP/1.0 200 OK\r\n\r\nok')); s.listen(port, report(s));`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := startPreload(t, listenHead+js, true)
+			if !r.out.Scan() {
+				t.Fatal("no address line from the app")
+			}
+			var addr struct{ Port int }
+			if err := json.Unmarshal(r.out.Bytes(), &addr); err != nil || addr.Port != r.port {
+				t.Fatalf("server.address() = %s (%v), want port %d", r.out.Text(), err, r.port)
+			}
+			r.waitCtl(t, "READY=1")
+			c := &http.Client{Timeout: 5 * time.Second}
+			resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", r.port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(b) != "ok" {
+				t.Errorf("body %q", b)
+			}
+			c.CloseIdleConnections()
+			r.cmd.Process.Signal(syscall.SIGTERM)
+			if code := r.exit(t); code != 0 {
+				t.Errorf("exit %d after SIGTERM, want 0", code)
+			}
+		})
+	}
+}
+
+func TestPreloadUnlistedPortFails(t *testing.T) {
+	r := startPreload(t, listenHead+`http.createServer(h).listen(port + 1, () => console.log('listening'));`, true)
+	lines := r.waitCtl(t, "ERROR=")
+	_ = lines
+	if code := r.exit(t); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if r.out.Scan() {
+		t.Errorf("the app's listen callback ran: %q", r.out.Text())
+	}
+}
+
+func TestPreloadLeavesReadinessToNodeIPC(t *testing.T) {
+	r := startPreload(t, listenHead+`const s = http.createServer(h); s.listen(port, () => console.log('up'));`, false)
+	if !r.out.Scan() {
+		t.Fatal("app did not start")
+	}
+	seen := r.waitCtl(t, "STATUS=serving")
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.exit(t)
+	for l := range r.ctlCh {
+		seen = append(seen, l)
+	}
+	for _, l := range seen {
+		if l == "READY=1" {
+			t.Errorf("READY=1 sent although readiness is the app's (node-ipc): %q", seen)
+		}
+	}
+}
