@@ -156,8 +156,9 @@ type wireConfig struct {
 
 // Env returns env extended for a node worker whose channel is fd ctl and
 // whose listener i is fd first+i: DEPLOYD_NODE, NODE_OPTIONS with the
-// preload first and the app's own options kept, and PORT when there is one
-// TCP listener and env has no PORT.
+// preload first and the app's own options kept, PORT when there is one
+// TCP listener and env has no PORT, and NODE_APP_INSTANCE (PM2's variable)
+// = DEPLOYD_WORKER.
 func (s *Spec) Env(env []string, ctl, first int) []string {
 	wc := wireConfig{App: s.App, Ctl: ctl, Ready: s.ReportReady, StopSignal: s.StopSignal,
 		StopTimeoutMs: s.StopTimeout.Milliseconds(), Listeners: []wireListener{}}
@@ -175,7 +176,7 @@ func (s *Spec) Env(env []string, ctl, first int) []string {
 	}
 	b, _ := json.Marshal(wc) // plain types: cannot fail
 	out := make([]string, 0, len(env)+3)
-	opts, hasPort := "", false
+	opts, hasPort, slot, hasInstance := "", false, "", false
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
@@ -186,8 +187,15 @@ func (s *Spec) Env(env []string, ctl, first int) []string {
 			continue
 		case "PORT":
 			hasPort = true
+		case "DEPLOYD_WORKER":
+			slot = v
+		case "NODE_APP_INSTANCE":
+			hasInstance = true
 		}
 		out = append(out, kv)
+	}
+	if slot != "" && !hasInstance { // PM2's name for the slot
+		out = append(out, "NODE_APP_INSTANCE="+slot)
 	}
 	req := "--require " + quote(s.Preload.Path)
 	if opts != "" {
