@@ -189,6 +189,12 @@ function run(cfg) {
     send(lines);
   }
 
+  // An app with no listener (a queue worker) is ready once its main module
+  // has run.
+  if (listeners.length === 0 && cfg.ready) {
+    setImmediate(function () { send(['READY=1', 'STATUS=running (no listeners configured)']); });
+  }
+
   net.Server.prototype.listen = function () {
     var r = parse(arguments);
     if (r.kind === 'other') return origListen.apply(this, arguments);
