@@ -265,7 +265,7 @@ function run(cfg) {
     server.once('close', function () { st.closed = true; });
     var event = server instanceof tls.Server ? 'secureConnection' : 'connection';
     server.on(event, function (sock) {
-      var c = { inflight: 0, served: 0, idleSince: Date.now(), timer: null };
+      var c = { inflight: 0, served: 0, idleSince: Date.now(), timer: null, res: null };
       st.conns.set(sock, c);
       sock.once('close', function () {
         if (c.timer) clearTimeout(c.timer);
@@ -285,8 +285,10 @@ function run(cfg) {
         }
       }
       if (st.draining && !res.headersSent) res.setHeader('Connection', 'close');
+      if (c) c.res = res;
       res.once('close', function () {
         if (!c) return;
+        if (c.res === res) c.res = null;
         c.inflight--;
         c.served++;
         c.idleSince = Date.now();
@@ -313,7 +315,11 @@ function run(cfg) {
     if (st.draining) return;
     st.draining = true;
     if (server.listening) origNetClose.call(server);
-    st.conns.forEach(function (c, sock) { scheduleIdle(sock, c); });
+    st.conns.forEach(function (c, sock) {
+      // A response in flight whose headers are not out yet closes its connection too.
+      if (c.res && !c.res.headersSent) c.res.setHeader('Connection', 'close');
+      scheduleIdle(sock, c);
+    });
   }
 
   // closeMapped is server.close of a mapped server: only the listening

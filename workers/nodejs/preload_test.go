@@ -199,3 +199,66 @@ func TestPreloadLeavesReadinessToNodeIPC(t *testing.T) {
 		}
 	}
 }
+
+// An app whose own SIGTERM handler exits at once: the in-flight request
+// still gets its answer (with Connection: close), a request sent on an idle
+// keep-alive connection after the signal gets one too, then node exits 0.
+func TestPreloadDrainsBeforeTheAppsOwnExit(t *testing.T) {
+	r := startPreload(t, listenHead+`
+const s = http.createServer((req, res) => {
+  if (req.url === '/slow') { console.log('slow started'); setTimeout(() => res.end('slow'), 500); return; }
+  res.end('ok');
+});
+s.listen(port, () => console.log('up'));
+process.on('SIGTERM', () => process.exit(0));
+`, true)
+	if !r.out.Scan() || r.out.Text() != "up" {
+		t.Fatalf("app did not start: %q", r.out.Text())
+	}
+	r.waitCtl(t, "READY=1")
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	get := func(c net.Conn, br *bufio.Reader, path string) (*http.Response, string) {
+		t.Helper()
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	idle, idleR := dial()
+	if resp, _ := get(idle, idleR, "/"); resp.Close {
+		t.Fatal("Connection: close before the drain")
+	}
+	slow, slowR := dial()
+	fmt.Fprintf(slow, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+	if !r.out.Scan() || r.out.Text() != "slow started" {
+		t.Fatalf("no slow request: %q", r.out.Text())
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.waitCtl(t, "STOPPING=1")
+	resp, body := get(idle, idleR, "/")
+	if body != "ok" || !resp.Close {
+		t.Errorf("a request on an idle connection after the signal: %q, Connection: close %v", body, resp.Close)
+	}
+	resp, err := http.ReadResponse(slowR, nil)
+	if err != nil {
+		t.Fatalf("the in-flight request got no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != "slow" || !resp.Close {
+		t.Errorf("in-flight request: %q, Connection: close %v", b, resp.Close)
+	}
+	if code := r.exit(t); code != 0 {
+		t.Errorf("exit %d, want the app's 0", code)
+	}
+}
