@@ -276,3 +276,31 @@ func TestNodeUnlistedPortIsAClearError(t *testing.T) {
 		t.Errorf("the app printed its listening line although its listen failed:\n%s", b)
 	}
 }
+
+func TestNodeReloadToAnUnlistedPortIsAbandoned(t *testing.T) {
+	port, other := FreePort(t), FreePort(t)
+	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp})
+	a := StartAgent(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, 1, ""))
+	st := a.WaitFor("ready", 60*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	before := PIDs(appOf(st, "web"))
+	app := strings.ReplaceAll(tutorialApp, "3000", strconv.Itoa(other))
+	if err := os.WriteFile(filepath.Join(dir, "app.js"), []byte(app), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := a.CLI("reload", "web")
+	if r.Code != 1 {
+		t.Fatalf("reload to an unlisted port: exit %d, want 1\n%s", r.Code, r.Stderr)
+	}
+	for _, want := range []string{"abandoned", fmt.Sprintf("the app listens on port %d", other),
+		fmt.Sprintf(`listen = ["tcp://0.0.0.0:%d"]`, other), "previous version still serving"} {
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("reload output lacks %q:\n%s", want, r.Stderr)
+		}
+	}
+	if after := PIDs(a.App("web")); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("the old worker must keep serving: before %v, after %v", before, after)
+	}
+	if body, err := get(t, port, "/"); err != nil || body != "Hello World!" {
+		t.Errorf("GET / after the abandoned reload: %q %v", body, err)
+	}
+}
