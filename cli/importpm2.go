@@ -95,17 +95,9 @@ var appNameChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
 
 // pm2App converts one PM2 app; notes say what was not mapped and why.
 func pm2App(app map[string]any, i int, envName, base string) (string, []string) {
-	name := str(app["name"])
-	if name == "" {
-		name = strings.TrimSuffix(filepath.Base(str(app["script"])), filepath.Ext(str(app["script"])))
-	}
-	name = strings.Trim(appNameChars.ReplaceAllString(name, "-"), "-.")
-	if name == "" {
-		name = fmt.Sprintf("app%d", i+1)
-	}
+	name := pm2Name(app, i)
 	var b strings.Builder
 	var notes []string
-	note := func(key, why string) { notes = append(notes, fmt.Sprintf("%s: %s: %s", name, key, why)) }
 	line := func(key, value string) { fmt.Fprintf(&b, "%-13s = %s\n", key, value) }
 	fmt.Fprintf(&b, "[apps.%s]\n", name)
 	line("command", tomlList(pm2Command(app)))
@@ -114,39 +106,13 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 	} else if abs, err := filepath.Abs(base); err == nil {
 		line("cwd", tomlString(abs))
 	}
-	switch inst := app["instances"].(type) {
-	case nil:
-		line("instances", "1")
-	case string:
-		if inst == "max" || inst == "0" {
-			line("instances", `"max"`)
-		} else {
-			line("instances", tomlString(inst))
-		}
-	case float64:
-		switch {
-		case inst == 0:
-			line("instances", `"max"`)
-		case inst < 0:
-			line("instances", tomlString(strconv.Itoa(int(inst))))
-		default:
-			line("instances", strconv.Itoa(int(inst)))
-		}
-	}
-	env := map[string]string{}
-	for k, v := range obj(app["env"]) {
-		env[k] = str(v)
-	}
-	if envName != "" {
-		for k, v := range obj(app["env_"+envName]) {
-			env[k] = str(v)
-		}
-	}
+	line("instances", pm2Instances(app["instances"]))
+	env := pm2Env(app, envName)
 	if port := env["PORT"]; port != "" {
 		line("listen", tomlList([]string{"tcp://0.0.0.0:" + port}))
 	} else {
 		b.WriteString("# listen     = [\"tcp://0.0.0.0:3000\"] # CHECK: the port your app listens on, if it serves (PM2 has no such key)\n")
-		note("listen", "PM2 does not say which port the app listens on (no PORT in env): add listen = [\"tcp://0.0.0.0:PORT\"] if it serves")
+		notes = append(notes, name+`: listen: PM2 does not say which port the app listens on (no PORT in env): add listen = ["tcp://0.0.0.0:PORT"] if it serves`)
 	}
 	if app["wait_ready"] == true {
 		line("ready", `"node-ipc"`)
@@ -160,17 +126,63 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 		line("user", tomlString(u))
 	}
 	if len(env) > 0 {
-		keys := make([]string, 0, len(env))
-		for k := range env {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		parts := make([]string, len(keys))
-		for j, k := range keys {
-			parts[j] = tomlString(k) + " = " + tomlString(env[k])
-		}
-		line("env", "{ "+strings.Join(parts, ", ")+" }")
+		line("env", tomlTable(env))
 	}
+	if restart := pm2Restart(app); len(restart) > 0 {
+		fmt.Fprintf(&b, "\n[apps.%s.restart]\n%s\n", name, strings.Join(restart, "\n"))
+	}
+	return b.String(), append(notes, pm2Unmapped(app, name, envName)...)
+}
+
+// pm2Name is the app's table name: its name (or script) made a valid one.
+func pm2Name(app map[string]any, i int) string {
+	name := str(app["name"])
+	if name == "" {
+		name = strings.TrimSuffix(filepath.Base(str(app["script"])), filepath.Ext(str(app["script"])))
+	}
+	name = strings.Trim(appNameChars.ReplaceAllString(name, "-"), "-.")
+	if name == "" {
+		name = fmt.Sprintf("app%d", i+1)
+	}
+	return name
+}
+
+// pm2Instances maps instances: "max" and 0 are all CPUs, -N all but N; none is 1.
+func pm2Instances(v any) string {
+	switch v := v.(type) {
+	case string:
+		if v == "max" || v == "0" {
+			return `"max"`
+		}
+		return tomlString(v)
+	case float64:
+		switch {
+		case v == 0:
+			return `"max"`
+		case v < 0:
+			return tomlString(strconv.Itoa(int(v)))
+		}
+		return strconv.Itoa(int(v))
+	}
+	return "1"
+}
+
+// pm2Env is env, with env_NAME over it when envName is set.
+func pm2Env(app map[string]any, envName string) map[string]string {
+	env := map[string]string{}
+	for k, v := range obj(app["env"]) {
+		env[k] = str(v)
+	}
+	if envName != "" {
+		for k, v := range obj(app["env_"+envName]) {
+			env[k] = str(v)
+		}
+	}
+	return env
+}
+
+// pm2Restart is the [apps.NAME.restart] lines, sorted.
+func pm2Restart(app map[string]any) []string {
 	var restart []string
 	if v, ok := app["max_restarts"].(float64); ok {
 		restart = append(restart, fmt.Sprintf("max_restarts = %d", int(v)))
@@ -179,16 +191,26 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 		if d := pm2Ms(app[pm2Key]); d != "" {
 			restart = append(restart, key+" = "+d)
 			if pm2Key == "exp_backoff_restart_delay" {
-				restart = append(restart, `max_backoff = "15s"`)
+				restart = append(restart, `max_backoff = "15s"`) // PM2's cap
 			}
 		}
 	}
-	if len(restart) > 0 {
-		sort.Strings(restart)
-		fmt.Fprintf(&b, "\n[apps.%s.restart]\n%s\n", name, strings.Join(restart, "\n"))
+	sort.Strings(restart)
+	return restart
+}
+
+// tomlTable is an inline table of m, keys sorted.
+func tomlTable(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	notes = append(notes, pm2Unmapped(app, name, envName)...)
-	return b.String(), notes
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for j, k := range keys {
+		parts[j] = tomlString(k) + " = " + tomlString(m[k])
+	}
+	return "{ " + strings.Join(parts, ", ") + " }"
 }
 
 // pm2Command is the argv of a PM2 app: interpreter, its args, script, args.
