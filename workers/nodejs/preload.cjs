@@ -205,8 +205,12 @@ function run(cfg) {
     }
     if (i === -2) {
       var self = this;
-      var err = new Error('listen EADDRINUSE: address already in use: this process serves ' +
-        (r.kind === 'unix' ? r.path : 'port ' + r.port) + ' already');
+      var what = r.kind === 'unix' ? r.path : 'port ' + r.port;
+      var closed = listeners.some(function (l, j) { return served[j] === 'closed' && (l.path ? l.path === path.resolve(String(r.path)) : l.port === r.port); });
+      var err = new Error(closed
+        ? 'listen EADDRINUSE: deployd: this process closed its listener of ' + what + ' and cannot listen on it again ' +
+          '(its inherited socket went with it); exit instead, and deployd starts a new worker'
+        : 'listen EADDRINUSE: address already in use: this process serves ' + what + ' already');
       err.code = 'EADDRINUSE';
       process.nextTick(function () { self.emit('error', err); });
       return this;
@@ -220,6 +224,8 @@ function run(cfg) {
       served[i] = true;
       if (l.path) server._pipeName = l.path;
       checkReady();
+      // Closing the handle closed the inherited fd: this process cannot serve it again.
+      server.once('close', function () { served[i] = 'closed'; });
     });
     server.once('error', function (err) {
       if (served[i] === 'pending') served[i] = false;

@@ -262,3 +262,20 @@ process.on('SIGTERM', () => process.exit(0));
 		t.Errorf("exit %d, want the app's 0", code)
 	}
 }
+
+func TestPreloadListenAgainAfterCloseIsAClearError(t *testing.T) {
+	r := startPreload(t, listenHead+`
+const s = http.createServer(h);
+s.listen(port, () => s.close(() => {
+  const t = http.createServer(h);
+  t.on('error', (e) => console.log(e.message));
+  t.listen(port, report(t));
+}));
+`, true)
+	if !r.out.Scan() {
+		t.Fatal("no output")
+	}
+	if !strings.Contains(r.out.Text(), "closed its listener of port") {
+		t.Errorf("second listen after close: %q", r.out.Text())
+	}
+}
