@@ -279,3 +279,23 @@ s.listen(port, () => s.close(() => {
 		t.Errorf("second listen after close: %q", r.out.Text())
 	}
 }
+
+// DEPLOYD_OLD_NODE=/path/to/node-16 runs this one (npm install node@16 gives one).
+func TestPreloadRefusesOldNode(t *testing.T) {
+	old := os.Getenv("DEPLOYD_OLD_NODE")
+	if old == "" {
+		t.Skip("set DEPLOYD_OLD_NODE to a node older than 18")
+	}
+	p, err := Install(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &Spec{Preload: p, App: "web", ReportReady: true, StopSignal: "SIGTERM", StopTimeout: time.Second}
+	cmd := exec.Command(old, "-e", "console.log('app ran')")
+	cmd.Env = spec.Env(os.Environ(), -1, 4)
+	out, err := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is too old for deployd's Node.js integration, which needs node 18") ||
+		strings.Contains(string(out), "app ran") {
+		t.Errorf("old node: %v\n%s", err, out)
+	}
+}
