@@ -69,6 +69,34 @@ app.listen(port, () => {
 })
 `
 
+// fastifyApp is Fastify's getting-started server (its default host, localhost).
+const fastifyApp = `const fastify = require('fastify')()
+const port = 3000
+
+fastify.get('/', async () => 'Hello World!')
+
+fastify.listen({ port }, (err) => {
+  if (err) {
+    console.error(err)
+    process.exit(1)
+  }
+  console.log(` + "`Example app listening on port ${port}`" + `)
+})
+`
+
+const koaApp = `const Koa = require('koa')
+const app = new Koa()
+const port = 3000
+
+app.use((ctx) => {
+  ctx.body = 'Hello World!'
+})
+
+app.listen(port, () => {
+  console.log(` + "`Example app listening on port ${port}`" + `)
+})
+`
+
 const npmPackageJSON = `{
   "name": "hello",
   "private": true,
@@ -97,7 +125,7 @@ func nodeFixtures(t *testing.T) string {
 	}
 	nodeOnce.Do(func() {
 		nodeDir = filepath.Join(RepoRoot(), "integration", "nodeapps")
-		for _, m := range []string{"express4", "express5"} {
+		for _, m := range []string{"express4", "express5", "fastify", "koa"} {
 			if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", m, "package.json")); err != nil {
 				cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", nodeDir)
 				if out, err := cmd.CombinedOutput(); err != nil {
@@ -114,8 +142,9 @@ func nodeFixtures(t *testing.T) string {
 }
 
 // nodeApp writes files (with port 3000 replaced by port) into a new folder
-// whose node_modules/express is the fixtures' express4 or express5.
-func nodeApp(t *testing.T, express string, port int, files map[string]string) string {
+// whose node_modules/express is the fixtures' express4 or express5 (module
+// "express4" or "express5"), or node_modules/MODULE the fixtures' MODULE.
+func nodeApp(t *testing.T, module string, port int, files map[string]string) string {
 	t.Helper()
 	fx := nodeFixtures(t)
 	dir := t.TempDir()
@@ -123,7 +152,11 @@ func nodeApp(t *testing.T, express string, port int, files map[string]string) st
 	if err := os.Mkdir(filepath.Join(dir, "node_modules"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(fx, "node_modules", express), filepath.Join(dir, "node_modules", "express")); err != nil {
+	name := module
+	if strings.HasPrefix(module, "express") {
+		name = "express"
+	}
+	if err := os.Symlink(filepath.Join(fx, "node_modules", module), filepath.Join(dir, "node_modules", name)); err != nil {
 		t.Fatal(err)
 	}
 	for name, body := range files {
@@ -303,4 +336,16 @@ func TestNodeReloadToAnUnlistedPortIsAbandoned(t *testing.T) {
 	if body, err := get(t, port, "/"); err != nil || body != "Hello World!" {
 		t.Errorf("GET / after the abandoned reload: %q %v", body, err)
 	}
+}
+
+func TestNodeFastifyApp(t *testing.T) {
+	port := FreePort(t)
+	dir := nodeApp(t, "fastify", port, map[string]string{"app.js": fastifyApp})
+	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
+}
+
+func TestNodeKoaApp(t *testing.T) {
+	port := FreePort(t)
+	dir := nodeApp(t, "koa", port, map[string]string{"app.js": koaApp})
+	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
 }
