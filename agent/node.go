@@ -22,6 +22,7 @@ func (a *Agent) nodeSpec(app *config.App, argv []string, ls []*handoff.Listener)
 		return nil, fmt.Errorf("app %s: %w", app.Name, err)
 	}
 	spec := &nodejs.Spec{Preload: p, App: app.Name, ReportReady: app.Ready.Mode == config.ReadyNotify,
+		NodeIPC:    app.Ready.Mode == config.ReadyNodeIPC,
 		StopSignal: unix.SignalName(app.StopSignal), StopTimeout: app.StopTimeout,
 		Indirect: !nodejs.Direct(argv)}
 	for _, l := range ls {

@@ -213,7 +213,7 @@ func helloLoad(t *testing.T, port, clients int, d time.Duration) (stop func() (l
 // reloadNode runs the app of cfg, reloads it n times under load and checks:
 // no failed request, every worker replaced by each reload, the app's own
 // startup line once per worker start in its log.
-func reloadNode(t *testing.T, cfg string, port, instances, n int) {
+func reloadNode(t *testing.T, cfg string, port, instances, n int) *Agent {
 	a := StartAgent(t, bins, cfg)
 	st := a.WaitFor("ready", 60*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
 	before := PIDs(appOf(st, "web"))
@@ -256,6 +256,7 @@ func reloadNode(t *testing.T, cfg string, port, instances, n int) {
 	if got := strings.Count(string(b), line); got != want {
 		t.Errorf("the app's %q is in its log %d times, want %d (one per worker start):\n%s", line, got, want, b)
 	}
+	return a
 }
 
 func TestNodeTutorialAppExpress4(t *testing.T) {
@@ -348,4 +349,19 @@ func TestNodeKoaApp(t *testing.T) {
 	port := FreePort(t)
 	dir := nodeApp(t, "koa", port, map[string]string{"app.js": koaApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
+}
+
+// ready = "node-ipc" through npm start: npm's own node takes NODE_CHANNEL_FD,
+// so the app's process.send('ready') goes through the preload's channel.
+func TestNodeNpmStartWithNodeIPC(t *testing.T) {
+	port := FreePort(t)
+	app := strings.Replace(tutorialApp, "console.log(`Example app listening on port ${port}`)",
+		"console.log(`Example app listening on port ${port}`)\n  setTimeout(() => process.send('ready'), 1000)", 1)
+	dir := nodeApp(t, "express4", port, map[string]string{"app.js": app, "package.json": npmPackageJSON})
+	a := reloadNode(t, nodeConfig(dir, []string{"npm", "start"}, port, 2, `ready = "node-ipc"`), port, 2, 3)
+	for _, w := range a.App("web").Workers {
+		if w.ReadyMillis < 1000 {
+			t.Errorf("worker %d ready after %d ms, before its process.send('ready') at 1 s", w.Slot, w.ReadyMillis)
+		}
+	}
 }

@@ -43,8 +43,9 @@ func prepareNode(spec *Spec, env []string) (*nodeStart, error) {
 }
 
 // readNode reads the preload's sd_notify lines until EOF (every process
-// holding the channel has exited). READY=1 counts only with ready = "notify";
-// ERROR= becomes the worker's status, which status shows.
+// holding the channel has exited). READY=1 counts only with ready = "notify",
+// NODE_IPC=ready only with ready = "node-ipc"; ERROR= becomes the worker's
+// status, which status shows.
 func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready config.Ready) {
 	defer wg.Done()
 	defer close(w.node.done)
@@ -55,6 +56,9 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready config.Ready) {
 		msg := handoff.ParseNotify(sc.Bytes())
 		if ready.Mode != config.ReadyNotify {
 			delete(msg, "READY")
+		}
+		if ready.Mode == config.ReadyNodeIPC && msg["NODE_IPC"] == "ready" {
+			msg["READY"] = "1" // process.send('ready') of an app under npm start
 		}
 		if e, ok := msg["ERROR"]; ok {
 			msg["STATUS"] = strings.TrimPrefix(e, "deployd: ")

@@ -119,6 +119,7 @@ type Spec struct {
 	Preload     *Preload
 	App         string
 	ReportReady bool // ready = "notify": the preload sends READY=1
+	NodeIPC     bool // ready = "node-ipc": a process.send('ready') without a channel comes on the preload's
 	StopSignal  string
 	StopTimeout time.Duration
 	Listeners   []Listener
@@ -149,6 +150,7 @@ type wireConfig struct {
 	App           string         `json:"app"`
 	Ctl           int            `json:"ctl"`
 	Ready         bool           `json:"ready"`
+	NodeIPC       bool           `json:"nodeIPC,omitempty"`
 	StopSignal    string         `json:"stopSignal"`
 	StopTimeoutMs int64          `json:"stopTimeoutMs"`
 	Listeners     []wireListener `json:"listeners"`
@@ -160,7 +162,7 @@ type wireConfig struct {
 // TCP listener and env has no PORT, and NODE_APP_INSTANCE (PM2's variable)
 // = DEPLOYD_WORKER.
 func (s *Spec) Env(env []string, ctl, first int) []string {
-	wc := wireConfig{App: s.App, Ctl: ctl, Ready: s.ReportReady, StopSignal: s.StopSignal,
+	wc := wireConfig{App: s.App, Ctl: ctl, Ready: s.ReportReady, NodeIPC: s.NodeIPC, StopSignal: s.StopSignal,
 		StopTimeoutMs: s.StopTimeout.Milliseconds(), Listeners: []wireListener{}}
 	var tcpPorts []int
 	for i, l := range s.Listeners {

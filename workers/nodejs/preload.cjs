@@ -189,6 +189,17 @@ function run(cfg) {
     send(lines);
   }
 
+  // ready = "node-ipc" through npm start: npm's own node took the channel, so
+  // the app's process.send('ready') reaches the agent on the preload's one.
+  if (cfg.nodeIPC && typeof process.send !== 'function') {
+    process.send = function (msg) {
+      var cb = arguments[arguments.length - 1];
+      if (msg === 'ready') send(['NODE_IPC=ready']);
+      if (typeof cb === 'function') process.nextTick(cb, null);
+      return true;
+    };
+  }
+
   // An app with no listener (a queue worker) is ready once its main module
   // has run.
   if (listeners.length === 0 && cfg.ready) {
