@@ -119,6 +119,11 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 	}
 	pm2Duration(app, "listen_timeout", "ready_timeout", line)
 	pm2Duration(app, "kill_timeout", "stop_timeout", line)
+	if sig := str(app["kill_signal"]); sig != "" {
+		line("stop_signal", tomlString(sig))
+	} else {
+		line("stop_signal", `"SIGINT"`) // PM2's; deployd's default is SIGTERM
+	}
 	if m := pm2Size(app["max_memory_restart"]); m != "" {
 		line("max_memory", m)
 	}
@@ -258,7 +263,8 @@ func pm2Unmapped(app map[string]any, name, envName string) []string {
 	mapped := map[string]bool{"name": true, "script": true, "args": true, "interpreter": true, "node_args": true,
 		"interpreter_args": true, "cwd": true, "instances": true, "env": true, "wait_ready": true,
 		"listen_timeout": true, "kill_timeout": true, "max_memory_restart": true, "user": true,
-		"max_restarts": true, "restart_delay": true, "exp_backoff_restart_delay": true, "min_uptime": true}
+		"max_restarts": true, "restart_delay": true, "exp_backoff_restart_delay": true, "min_uptime": true,
+		"kill_signal": true}
 	var out []string
 	keys := make([]string, 0, len(app))
 	for k := range app {
