@@ -2,6 +2,7 @@ package nodejs
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -38,13 +39,21 @@ func needNode(t *testing.T) {
 
 func startPreload(t *testing.T, js string, ready bool) *preloadRun {
 	t.Helper()
+	return startPreloadOn(t, "tcp", "127.0.0.1:0", js, ready)
+}
+
+func startPreloadOn(t *testing.T, network, address, js string, ready bool) *preloadRun {
+	t.Helper()
 	needNode(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen(network, address)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	lf, err := ln.(*net.TCPListener).File()
+	if ul, ok := ln.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
+	lf, err := ln.(interface{ File() (*os.File, error) }).File()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,15 +70,18 @@ func startPreload(t *testing.T, js string, ready bool) *preloadRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := 0
+	if a, ok := ln.Addr().(*net.TCPAddr); ok {
+		port = a.Port
+	}
 	spec := &Spec{Preload: p, App: "web", ReportReady: ready, StopSignal: "SIGTERM", StopTimeout: 10 * time.Second,
-		Listeners: []Listener{{"tcp", ln.Addr().String()}}}
+		Listeners: []Listener{{network, ln.Addr().String()}}}
 	app := filepath.Join(dir, "app.js")
 	if err := os.WriteFile(app, []byte(js), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("node", app)
-	cmd.Env = spec.Env(append(os.Environ(), fmt.Sprintf("TEST_PORT=%d", port)), 3, 4)
+	cmd.Env = spec.Env(append(os.Environ(), fmt.Sprintf("TEST_PORT=%d", port), "TEST_ADDR="+ln.Addr().String()), 3, 4)
 	cmd.ExtraFiles = []*os.File{child, lf}
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
@@ -297,5 +309,30 @@ func TestPreloadRefusesOldNode(t *testing.T) {
 	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is too old for deployd's Node.js integration, which needs node 18") ||
 		strings.Contains(string(out), "app ran") {
 		t.Errorf("old node: %v\n%s", err, out)
+	}
+}
+
+func TestPreloadMapsAUnixSocketByPath(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "web.sock")
+	r := startPreloadOn(t, "unix", sock, `const http = require('http');
+const s = http.createServer((req, res) => res.end('ok'));
+s.listen(process.env.TEST_ADDR, () => console.log(s.address()));
+`, true)
+	r.waitCtl(t, "READY=1")
+	if !r.out.Scan() || r.out.Text() != sock {
+		t.Errorf("server.address() = %q, want %q", r.out.Text(), sock)
+	}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	resp, err := c.Get("http://web/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "ok" {
+		t.Errorf("body %q", b)
 	}
 }
