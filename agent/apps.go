@@ -232,6 +232,9 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
 	}
+	if spec.Node, err = a.nodeSpec(app, argv, ls); err != nil {
+		return nil, err
+	}
 	return spec, nil
 }
 

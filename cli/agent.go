@@ -106,8 +106,8 @@ func configCommand() *cli.Command {
 					for _, l := range a.Listen {
 						ls = append(ls, l.URL)
 					}
-					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s\n",
-						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw)
+					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, node %s\n",
+						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw, nodeMode(a))
 				}
 				return nil
 			},

@@ -95,6 +95,13 @@ func printStatus(out io.Writer, st *api.Status) {
 			}
 			fmt.Fprintln(out)
 		}
+		for _, w := range a.Workers {
+			// What a worker said about itself (sd_notify STATUS=, or the
+			// Node.js integration's error) while it is not serving.
+			if w.Status != "" && w.State != "ready" {
+				fmt.Fprintf(out, "%s[%d] pid %d: %s\n", a.Name, w.Slot, w.PID, w.Status)
+			}
+		}
 		if a.LastExit != "" && a.State == "errored" {
 			fmt.Fprintf(out, "last exit: %s\n", a.LastExit)
 			for _, l := range a.LastLines {

@@ -216,3 +216,24 @@ func removeStaleUnix(path string) error {
 	}
 	return nil
 }
+
+// LocalAddr returns the bound address (a configured port 0 shows the real one).
+func (l *Listener) LocalAddr() (string, error) {
+	fd, err := l.Fd()
+	if err != nil {
+		return "", err
+	}
+	sa, err := unix.Getsockname(int(fd))
+	if err != nil {
+		return "", fmt.Errorf("getsockname: %w", err)
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
+	case *unix.SockaddrInet6:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
+	case *unix.SockaddrUnix:
+		return a.Name, nil
+	}
+	return "", fmt.Errorf("getsockname: unexpected address %T", sa)
+}

@@ -2,7 +2,6 @@ package handoff
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -373,25 +372,4 @@ func TestAdopt(t *testing.T) {
 	if nonblock(t, fdOf(t, l)) {
 		t.Error("Adopt changed O_NONBLOCK")
 	}
-}
-
-// LocalAddr returns the bound address (for the tests).
-func (l *Listener) LocalAddr() (string, error) {
-	fd, err := l.Fd()
-	if err != nil {
-		return "", err
-	}
-	sa, err := unix.Getsockname(int(fd))
-	if err != nil {
-		return "", fmt.Errorf("getsockname: %w", err)
-	}
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
-	case *unix.SockaddrInet6:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), fmt.Sprint(a.Port)), nil
-	case *unix.SockaddrUnix:
-		return a.Name, nil
-	}
-	return "", fmt.Errorf("getsockname: unexpected address %T", sa)
 }

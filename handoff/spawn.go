@@ -38,7 +38,10 @@ type Proc struct {
 	Listeners      []Bound // become fds 3, 4, ...
 	// Extra files follow the listeners (e.g. the node-ipc channel); their
 	// numbers are 3+len(Listeners)+i.
-	Extra      []*os.File
+	Extra []*os.File
+	// Fixed files get exactly the fd number At (above the ones before:
+	// the node integration's channel and listener copies at fd 50+).
+	Fixed      []FixedFile
 	Credential *syscall.Credential
 	// Pin pins the worker to CPU (the shim sets the affinity before it
 	// execs the app).
@@ -75,6 +78,9 @@ func Start(p Proc) (*os.Process, error) {
 		}
 		files = append(files, fd)
 	}
+	if files, err = placeFixed(files, p.Fixed); err != nil {
+		return nil, err
+	}
 	env := append(without(p.Env, startVar),
 		EnvListenFDs+"="+strconv.Itoa(len(p.Listeners)),
 		EnvListenFDNames+"="+strings.Join(names, ":"))
@@ -100,6 +106,27 @@ func Start(p Proc) (*os.Process, error) {
 		return nil, fmt.Errorf("start %s: %w", p.Argv[0], err)
 	}
 	return os.FindProcess(pid)
+}
+
+// FixedFile is a file passed at a chosen fd number.
+type FixedFile struct {
+	At int
+	Fd uintptr // kept open by the caller until Start returns
+}
+
+// placeFixed puts each fixed file at its number; the slots between are
+// closed in the child (syscall.ProcAttr.Files: ^uintptr(0) closes a slot).
+func placeFixed(files []uintptr, fixed []FixedFile) ([]uintptr, error) {
+	for _, f := range fixed {
+		if f.At < len(files) {
+			return nil, fmt.Errorf("handoff: fd %d is taken (%d fds before it)", f.At, len(files))
+		}
+		for len(files) < f.At {
+			files = append(files, ^uintptr(0))
+		}
+		files = append(files, f.Fd)
+	}
+	return files, nil
 }
 
 func rawFd(f *os.File) (uintptr, error) {

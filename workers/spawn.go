@@ -23,6 +23,7 @@ type channels struct {
 	notify                 *handoff.NotifySocket
 	outR, outW, errR, errW *os.File
 	ipc                    *handoff.IPCChannel // node-ipc readiness only
+	node                   *nodeStart          // the Node.js preload's channel and fds
 }
 
 // openChannels opens the notify socket, the output pipes and, for
@@ -57,6 +58,9 @@ func (c *channels) closeChild() {
 	if c.ipc != nil {
 		c.ipc.Child.Close()
 	}
+	if c.node != nil {
+		c.node.ch.Child.Close()
+	}
 }
 
 // closeParent closes the agent's ends (after a failed start).
@@ -69,6 +73,9 @@ func (c *channels) closeParent() {
 	}
 	if c.ipc != nil {
 		c.ipc.Parent.Close()
+	}
+	if c.node != nil {
+		c.node.ch.Parent.Close()
 	}
 }
 
@@ -108,9 +115,19 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if c.ipc != nil {
 		extra = append(extra, c.ipc.Child)
 	}
+	env := workerEnv(a, spec, slot, c)
+	var fixed []handoff.FixedFile
+	if spec.Node != nil {
+		if c.node, err = prepareNode(spec, env); err != nil {
+			c.closeChild()
+			c.closeParent()
+			return nil, err
+		}
+		env, fixed = c.node.env, c.node.fixed
+	}
 	proc, err := handoff.Start(handoff.Proc{
-		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: workerEnv(a, spec, slot, c),
-		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Extra: extra,
+		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
+		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Extra: extra, Fixed: fixed,
 		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
 	})
 	c.closeChild()
@@ -155,6 +172,12 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels) {
 		readers.Add(1)
 		go w.readIPC(&readers, c.ipc.Parent)
 		pipes = append(pipes, c.ipc.Parent)
+	}
+	if c.node != nil {
+		w.node = &nodeWorker{done: make(chan struct{}), grace: spec.StopTimeout, indirect: spec.Node.Indirect}
+		readers.Add(1)
+		go w.readNode(&readers, c.node.ch.Parent, spec.Ready)
+		pipes = append(pipes, c.node.ch.Parent)
 	}
 	if spec.Ready.Mode == ReadyDelay {
 		go w.readyAfterDelay(spec.Ready.Delay)

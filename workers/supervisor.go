@@ -20,6 +20,7 @@ import (
 
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers/logs"
+	"github.com/deployd/deployd/workers/nodejs"
 )
 
 // Spec is what a generation of workers runs. A Spec is not changed after it
@@ -48,6 +49,8 @@ type Spec struct {
 	Watchdog  time.Duration
 	// CPUAffinity pins worker slot i to usable CPU i mod n.
 	CPUAffinity bool
+	// Node, when set, starts the workers with deployd's Node.js preload.
+	Node *nodejs.Spec
 }
 
 // AppState is the state of an app's pool.

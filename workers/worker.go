@@ -54,6 +54,9 @@ type Worker struct {
 	exitErr   error
 	exitState *os.ProcessState
 	readyOnce sync.Once
+
+	// node is set for a worker with the Node.js preload (see node.go).
+	node *nodeWorker
 }
 
 // Ready is closed when the worker reported ready.
@@ -142,7 +145,11 @@ func (w *Worker) stop(state State) {
 	}
 	w.setState(state)
 	// An exited process is not an error: the wait below returns at once.
-	_ = w.proc.Signal(w.spec.StopSignal)
+	if w.node != nil {
+		w.node.signal(w.PID, w.spec.StopSignal)
+	} else {
+		_ = w.proc.Signal(w.spec.StopSignal)
+	}
 	t := time.NewTimer(w.spec.StopTimeout)
 	defer t.Stop()
 	select {
@@ -161,6 +168,9 @@ const outputGrace = 2 * time.Second
 // wait reaps the process and drains its output.
 func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 	st, err := w.proc.Wait()
+	if w.node != nil {
+		w.node.await() // npm start: the app's node may outlive npm
+	}
 	// Output pipes may be held open by children the worker left behind;
 	// they die with the group, so the readers see EOF.
 	w.killGroup()

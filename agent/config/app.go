@@ -34,6 +34,7 @@ type rawApp struct {
 	Group        toml.Primitive `toml:"group"`
 	Watchdog     toml.Primitive `toml:"watchdog"`
 	Logs         toml.Primitive `toml:"logs"`
+	Node         toml.Primitive `toml:"node"`
 }
 
 type rawRestart struct {
@@ -73,6 +74,7 @@ func defaultApp(name, dir string, cpus int) *App {
 			StableAfter: 10 * time.Second,
 		},
 		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+		Node: "auto",
 	}
 }
 
@@ -139,6 +141,14 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.duration(raw.Watchdog, k("watchdog"), &a.Watchdog, true)
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)
+	if s, ok := get[string](d, raw.Node, k("node")); ok {
+		switch s {
+		case "auto", "on", "off":
+			a.Node = s
+		default:
+			d.fail(k("node"), strconv.Quote(s), hint(nil, `unknown node mode; use "auto" (the Node.js integration when the command runs node), "on" or "off"`))
+		}
+	}
 	return a
 }
 

@@ -117,6 +117,10 @@ type App struct {
 	// Watchdog: a worker must send WATCHDOG=1 at least this often; 0 = off.
 	Watchdog time.Duration
 	Logs     Logs
+	// Node is the Node.js integration (a preload that maps listen(port),
+	// reports readiness and drains): "auto" (default: when the command runs
+	// node), "on" or "off".
+	Node string
 }
 
 // Logs is the [apps.NAME.logs] table.

@@ -1,0 +1,395 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+func importCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "import",
+		Usage: "convert another process manager's config into deployd.toml",
+		Subcommands: []*cli.Command{{
+			Name:      "pm2",
+			Usage:     "write the deployd.toml equivalent of a PM2 ecosystem file (evaluated with node)",
+			ArgsUsage: "ecosystem.config.js",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "write to `FILE` instead of stdout"},
+				&cli.StringFlag{Name: "env", Usage: "also apply env_`NAME` (as pm2 start --env NAME)"},
+			},
+			Action: runImportPM2,
+		}},
+	}
+}
+
+// pm2Eval prints the apps of an ecosystem file as JSON (CommonJS, JSON, or
+// an ES module through import()).
+const pm2Eval = `const path = require('path'), url = require('url');
+const file = path.resolve(process.argv[1]);
+(async () => {
+  let m;
+  try { m = require(file); } catch (e) {
+    if (e.code !== 'ERR_REQUIRE_ESM') throw e;
+    m = await import(url.pathToFileURL(file).href);
+  }
+  if (m && m.default) m = m.default;
+  const apps = Array.isArray(m) ? m : (m && Array.isArray(m.apps) ? m.apps : [m]);
+  process.stdout.write(JSON.stringify(apps));
+})().catch((e) => { console.error(e && e.message || e); process.exit(1); });
+`
+
+func runImportPM2(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return fail(ExitUsage, "deployd import pm2 needs one ecosystem file, e.g. deployd import pm2 ecosystem.config.js")
+	}
+	file := c.Args().First()
+	if _, err := os.Stat(file); err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		return fail(ExitFailed, "node is needed to evaluate %s: install Node.js, or write deployd.toml by hand (README: Coming from PM2)", file)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command("node", "-e", pm2Eval, file)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fail(ExitFailed, "evaluating %s with node: %v: %s", file, err, strings.TrimSpace(stderr.String()))
+	}
+	var apps []map[string]any
+	if err := json.Unmarshal(out, &apps); err != nil {
+		return fail(ExitFailed, "%s: its apps are not a list of objects: %v", file, err)
+	}
+	var toml strings.Builder
+	fmt.Fprintf(&toml, "# Converted from %s by `deployd import pm2`.\n", filepath.Base(file))
+	var notes []string
+	for i, app := range apps {
+		text, n := pm2App(app, i, c.String("env"), filepath.Dir(file))
+		toml.WriteString("\n" + text)
+		notes = append(notes, n...)
+	}
+	if o := c.String("output"); o != "" {
+		if err := os.WriteFile(o, []byte(toml.String()), 0o644); err != nil {
+			return fail(ExitFailed, "%v", err)
+		}
+	} else {
+		fmt.Fprint(c.App.Writer, toml.String())
+	}
+	for _, n := range notes {
+		fmt.Fprintln(c.App.ErrWriter, "not mapped: "+n)
+	}
+	return nil
+}
+
+var appNameChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
+
+// pm2App converts one PM2 app; notes say what was not mapped and why.
+func pm2App(app map[string]any, i int, envName, base string) (string, []string) {
+	name := pm2Name(app, i)
+	var b strings.Builder
+	var notes []string
+	line := func(key, value string) { fmt.Fprintf(&b, "%-13s = %s\n", key, value) }
+	fmt.Fprintf(&b, "[apps.%s]\n", name)
+	line("command", tomlList(pm2Command(app)))
+	if cwd := str(app["cwd"]); cwd != "" {
+		line("cwd", tomlString(cwd))
+	} else if abs, err := filepath.Abs(base); err == nil {
+		line("cwd", tomlString(abs))
+	}
+	line("instances", pm2Instances(app["instances"]))
+	env := pm2Env(app, envName)
+	if port := env["PORT"]; port != "" {
+		line("listen", tomlList([]string{"tcp://0.0.0.0:" + port}))
+	} else {
+		b.WriteString("# listen     = [\"tcp://0.0.0.0:3000\"] # CHECK: the port your app listens on, if it serves (PM2 has no such key)\n")
+		notes = append(notes, name+`: listen: PM2 does not say which port the app listens on (no PORT in env): add listen = ["tcp://0.0.0.0:PORT"] if it serves`)
+	}
+	if app["wait_ready"] == true {
+		line("ready", `"node-ipc"`)
+	}
+	pm2Duration(app, "listen_timeout", "ready_timeout", line)
+	pm2Duration(app, "kill_timeout", "stop_timeout", line)
+	if sig := str(app["kill_signal"]); sig != "" {
+		line("stop_signal", tomlString(sig))
+	} else {
+		line("stop_signal", `"SIGINT"`) // PM2's; deployd's default is SIGTERM
+	}
+	if m := pm2Size(app["max_memory_restart"]); m != "" {
+		line("max_memory", m)
+	}
+	if u := str(app["user"]); u != "" {
+		line("user", tomlString(u))
+	}
+	if len(env) > 0 {
+		line("env", tomlTable(env))
+	}
+	if restart := pm2Restart(app); len(restart) > 0 {
+		fmt.Fprintf(&b, "\n[apps.%s.restart]\n%s\n", name, strings.Join(restart, "\n"))
+	}
+	return b.String(), append(notes, pm2Unmapped(app, name, envName)...)
+}
+
+// pm2Name is the app's table name: its name (or script) made a valid one.
+func pm2Name(app map[string]any, i int) string {
+	name := str(app["name"])
+	if name == "" {
+		name = strings.TrimSuffix(filepath.Base(str(app["script"])), filepath.Ext(str(app["script"])))
+	}
+	name = strings.Trim(appNameChars.ReplaceAllString(name, "-"), "-.")
+	if name == "" {
+		name = fmt.Sprintf("app%d", i+1)
+	}
+	return name
+}
+
+// pm2Instances maps instances: "max" and 0 are all CPUs, -N all but N; none is 1.
+func pm2Instances(v any) string {
+	switch v := v.(type) {
+	case string:
+		if v == "max" || v == "0" {
+			return `"max"`
+		}
+		return tomlString(v)
+	case float64:
+		switch {
+		case v == 0:
+			return `"max"`
+		case v < 0:
+			return tomlString(strconv.Itoa(int(v)))
+		}
+		return strconv.Itoa(int(v))
+	}
+	return "1"
+}
+
+// pm2Env is env, with env_NAME over it when envName is set.
+func pm2Env(app map[string]any, envName string) map[string]string {
+	env := map[string]string{}
+	for k, v := range obj(app["env"]) {
+		env[k] = str(v)
+	}
+	if envName != "" {
+		for k, v := range obj(app["env_"+envName]) {
+			env[k] = str(v)
+		}
+	}
+	return env
+}
+
+// pm2Restart is the [apps.NAME.restart] lines, sorted.
+func pm2Restart(app map[string]any) []string {
+	var restart []string
+	if v, ok := app["max_restarts"].(float64); ok {
+		restart = append(restart, fmt.Sprintf("max_restarts = %d", int(v)))
+	}
+	for pm2Key, key := range map[string]string{"restart_delay": "backoff", "exp_backoff_restart_delay": "backoff", "min_uptime": "stable_after"} {
+		if d := pm2Ms(app[pm2Key]); d != "" {
+			restart = append(restart, key+" = "+d)
+			if pm2Key == "exp_backoff_restart_delay" {
+				restart = append(restart, `max_backoff = "15s"`) // PM2's cap
+			}
+		}
+	}
+	sort.Strings(restart)
+	return restart
+}
+
+// tomlTable is an inline table of m, keys sorted.
+func tomlTable(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for j, k := range keys {
+		parts[j] = tomlString(k) + " = " + tomlString(m[k])
+	}
+	return "{ " + strings.Join(parts, ", ") + " }"
+}
+
+// pm2Command is the argv of a PM2 app: interpreter, its args, script, args.
+func pm2Command(app map[string]any) []string {
+	script := str(app["script"])
+	interp := str(app["interpreter"])
+	args := words(app["args"])
+	if interp == "none" || (interp == "" && !isJS(script)) {
+		return append([]string{script}, args...)
+	}
+	if interp == "" {
+		interp = "node"
+	}
+	argv := []string{interp}
+	argv = append(argv, words(app["node_args"])...)
+	argv = append(argv, words(app["interpreter_args"])...)
+	return append(append(argv, script), args...)
+}
+
+func isJS(script string) bool {
+	switch filepath.Ext(script) {
+	case ".js", ".mjs", ".cjs", ".ts", ".mts", ".cts", ".coffee":
+		return true
+	}
+	return false
+}
+
+var pm2Reasons = map[string]string{
+	"out_file":              "logs go to the agent's log_dir as NAME.out.log, rotated by [apps.NAME.logs]",
+	"error_file":            "logs go to the agent's log_dir as NAME.err.log, rotated by [apps.NAME.logs]",
+	"log_file":              "logs go to the agent's log_dir as NAME.out.log and NAME.err.log",
+	"merge_logs":            "every worker's lines go to one file per app and stream",
+	"log_date_format":       "the text log format has its own timestamps",
+	"cron_restart":          "not built in: run `deployd reload NAME` from cron or a systemd timer",
+	"watch":                 "not supported: run `deployd reload NAME` from your deploy step",
+	"ignore_watch":          "not supported (no watch)",
+	"autorestart":           "not supported: crashed workers are always restarted",
+	"shutdown_with_message": "not supported: deployd sends stop_signal; the Node.js integration drains on it",
+	"increment_var":         "not supported: use DEPLOYD_WORKER (also NODE_APP_INSTANCE), 0..n-1",
+	"instance_var":          "NODE_APP_INSTANCE is set to the slot (DEPLOYD_WORKER)",
+	"source_map_support":    "add --enable-source-maps to node's arguments",
+}
+
+func pm2Unmapped(app map[string]any, name, envName string) []string {
+	mapped := map[string]bool{"name": true, "script": true, "args": true, "interpreter": true, "node_args": true,
+		"interpreter_args": true, "cwd": true, "instances": true, "env": true, "wait_ready": true,
+		"listen_timeout": true, "kill_timeout": true, "max_memory_restart": true, "user": true,
+		"max_restarts": true, "restart_delay": true, "exp_backoff_restart_delay": true, "min_uptime": true,
+		"kill_signal": true}
+	var out []string
+	keys := make([]string, 0, len(app))
+	for k := range app {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		switch {
+		case mapped[k], k == "env_"+envName:
+		case strings.HasPrefix(k, "env_"):
+			out = append(out, fmt.Sprintf("%s: %s: deployd has one env per app; pass --env %s to apply it", name, k, strings.TrimPrefix(k, "env_")))
+		case k == "exec_mode": // cluster is what deployd does anyway; fork: instances = 1
+		case pm2Reasons[k] != "":
+			out = append(out, fmt.Sprintf("%s: %s: %s", name, k, pm2Reasons[k]))
+		default:
+			out = append(out, fmt.Sprintf("%s: %s: no deployd equivalent known", name, k))
+		}
+	}
+	return out
+}
+
+func pm2Duration(app map[string]any, pm2Key, key string, line func(string, string)) {
+	if d := pm2Ms(app[pm2Key]); d != "" {
+		line(key, d)
+	}
+}
+
+// pm2Ms is a PM2 duration (ms as a number, or a string like "10s") as a
+// TOML duration string.
+func pm2Ms(v any) string {
+	switch v := v.(type) {
+	case float64:
+		return fmt.Sprintf(`"%dms"`, int64(v))
+	case string:
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return fmt.Sprintf(`"%dms"`, n)
+		}
+		if v != "" {
+			return tomlString(v)
+		}
+	}
+	return ""
+}
+
+// pm2Size is PM2's max_memory_restart ("300M", "1G", "150K" or bytes).
+func pm2Size(v any) string {
+	switch v := v.(type) {
+	case float64:
+		return strconv.FormatInt(int64(v), 10)
+	case string:
+		s := strings.ToUpper(strings.TrimSpace(v))
+		for suffix, unit := range map[string]string{"K": "KiB", "M": "MiB", "G": "GiB"} {
+			if n, ok := strings.CutSuffix(s, suffix); ok {
+				return tomlString(n + unit)
+			}
+		}
+		if s != "" {
+			return tomlString(s)
+		}
+	}
+	return ""
+}
+
+func str(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case bool:
+		return strconv.FormatBool(v)
+	case nil:
+		return ""
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func obj(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
+
+// words is a PM2 argument list: an array, or a string split at spaces.
+func words(v any) []string {
+	switch v := v.(type) {
+	case string:
+		return strings.Fields(v)
+	case []any:
+		out := make([]string, len(v))
+		for i, w := range v {
+			out[i] = str(w)
+		}
+		return out
+	}
+	return nil
+}
+
+// tomlString quotes s as a TOML basic string.
+func tomlString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\u%04X`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func tomlList(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = tomlString(s)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}

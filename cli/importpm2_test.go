@@ -1,0 +1,56 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/deployd/deployd/agent/config"
+)
+
+func TestImportPM2WritesALoadableConfig(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("node is not installed, and CI must run this test")
+		}
+		t.Skip("node not installed")
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"app.js", "worker.js"} {
+		os.WriteFile(filepath.Join(dir, f), nil, 0o644)
+	}
+	eco := filepath.Join(dir, "ecosystem.config.js")
+	os.WriteFile(eco, []byte(`module.exports = { apps: [{
+  name: 'web', script: 'app.js', instances: 'max', exec_mode: 'cluster',
+  env: { PORT: 3000 }, env_production: { NODE_ENV: 'production' },
+  wait_ready: true, listen_timeout: 10000, kill_timeout: 5000, max_memory_restart: '300M',
+  cron_restart: '0 3 * * *', max_restarts: 16,
+}, { name: 'worker', script: 'worker.js', exec_mode: 'fork' }] }
+`), 0o644)
+	out := filepath.Join(dir, "apps.toml")
+	var stdout, stderr bytes.Buffer
+	if err := newApp(&stdout, &stderr).Run([]string{"deployd", "import", "pm2", "--env", "production", "-o", out, eco}); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	body, _ := os.ReadFile(out)
+	for _, want := range []string{`command       = ["node", "app.js"]`, `listen        = ["tcp://0.0.0.0:3000"]`,
+		`ready         = "node-ipc"`, `ready_timeout = "10000ms"`, `stop_timeout  = "5000ms"`, `max_memory    = "300MiB"`,
+		`"NODE_ENV" = "production"`, "max_restarts = 16", `stop_signal   = "SIGINT"`, "[apps.worker]", "instances     = 1"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("output lacks %q:\n%s", want, body)
+		}
+	}
+	for _, want := range []string{"web: cron_restart: not built in", "worker: listen:"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("notes lack %q:\n%s", want, stderr.String())
+		}
+	}
+	full := filepath.Join(dir, "deployd.toml")
+	os.WriteFile(full, append([]byte("[agent]\nsocket = \"s.sock\"\nstate_dir = \"state\"\nlog_dir = \"logs\"\n\n"), body...), 0o644)
+	if _, err := config.Load(full); err != nil {
+		t.Errorf("the imported config does not load: %v\n%s", err, body)
+	}
+}

@@ -1,0 +1,112 @@
+package workers
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers/nodejs"
+)
+
+// nodeStart is what a node worker gets besides a plain one: the preload's
+// channel at fd nodejs.FirstFD and a second copy of every listener after it
+// (the copies reach node through npm and sh; fds 3.. stay as for any app).
+type nodeStart struct {
+	ch    *handoff.IPCChannel
+	fixed []handoff.FixedFile
+	env   []string
+}
+
+// prepareNode verifies the preload file (rewriting it if it was changed)
+// and builds the channel, fds and env for one start of a node worker.
+func prepareNode(spec *Spec, env []string) (*nodeStart, error) {
+	if err := spec.Node.Preload.Repair(); err != nil {
+		return nil, err
+	}
+	ch, err := handoff.NewIPCChannel()
+	if err != nil {
+		return nil, err
+	}
+	n := &nodeStart{ch: ch}
+	n.fixed = append(n.fixed, handoff.FixedFile{At: nodejs.FirstFD, Fd: ch.Child.Fd()})
+	for i, l := range spec.Listeners {
+		fd, err := l.Fd()
+		if err != nil {
+			closeFiles(ch.Parent, ch.Child)
+			return nil, err
+		}
+		n.fixed = append(n.fixed, handoff.FixedFile{At: nodejs.FirstFD + 1 + i, Fd: fd})
+	}
+	n.env = spec.Node.Env(env, nodejs.FirstFD, nodejs.FirstFD+1)
+	return n, nil
+}
+
+// readNode reads the preload's sd_notify lines until EOF (every process
+// holding the channel has exited). READY=1 counts only with ready = "notify",
+// NODE_IPC=ready only with ready = "node-ipc"; ERROR= becomes the worker's
+// status, which status shows.
+func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
+	defer wg.Done()
+	defer close(w.node.done)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 4096), handoff.MaxNotifyMessage)
+	for sc.Scan() {
+		msg := handoff.ParseNotify(sc.Bytes())
+		if ready.Mode != ReadyNotify {
+			delete(msg, "READY")
+		}
+		if ready.Mode == ReadyNodeIPC && msg["NODE_IPC"] == "ready" {
+			msg["READY"] = "1" // process.send('ready') of an app under npm start
+		}
+		if e, ok := msg["ERROR"]; ok {
+			msg["STATUS"] = strings.TrimPrefix(e, "deployd: ")
+		}
+		w.onNotify(msg)
+	}
+	_, _ = io.Copy(io.Discard, f)
+}
+
+// nodeWorker is the node side of a Worker. Through `npm start` the main
+// process is npm, which on SIGTERM kills its `sh -c` and exits at once, while
+// the app's node (a grandchild) would never hear of it. So for a command
+// that starts node underneath (indirect), the stop signal goes to the whole
+// process group, and the worker counts as gone only when the app's node has
+// closed the preload's channel too.
+type nodeWorker struct {
+	done     chan struct{} // closed at EOF of the channel: every holder exited
+	grace    time.Duration // bounds the wait for the channel after the main process exited
+	indirect bool
+}
+
+func (n *nodeWorker) signal(pid int, sig syscall.Signal) {
+	if n.indirect {
+		pid = -pid
+	}
+	_ = syscall.Kill(pid, sig)
+}
+
+// await waits until the channel is closed by every process, at most grace.
+// With node as the main process its exit is the app's: no wait.
+func (n *nodeWorker) await() {
+	if !n.indirect {
+		return
+	}
+	t := time.NewTimer(max(n.grace, time.Second))
+	defer t.Stop()
+	select {
+	case <-n.done:
+	case <-t.C:
+	}
+}
+
+func closeFiles(fs ...*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
