@@ -24,6 +24,10 @@ func TestMain(m *testing.M) {
 		fmt.Println("integration: skipped in -short mode")
 		os.Exit(0)
 	}
+	if linkProduct() == 0 {
+		fmt.Fprintln(os.Stderr, "integration: the test app's sources are not embedded")
+		os.Exit(1)
+	}
 	var err error
 	bins, err = BuildAll()
 	if err != nil {
