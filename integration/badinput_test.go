@@ -111,7 +111,7 @@ func TestUnreachableAgentExit3(t *testing.T) {
 
 func TestOtherUIDIsRefused(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("needs root to run a client as nobody")
+		skipOrFail(t, "needs root to run a client as nobody")
 	}
 	a := StartAgent(t, bins, appConfig("web", FreePort(t), 1, ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
