@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -128,6 +129,18 @@ func TestInstallIdempotentAndPrune(t *testing.T) {
 	}
 	if _, err := s.Get("web", r1.Version); err != nil {
 		t.Errorf("a protected release was pruned: %v", err)
+	}
+	// The two newest (d, c) are kept with the protected oldest; a and b go.
+	var left []string
+	for _, r := range rs {
+		left = append(left, r.Version)
+	}
+	slices.Sort(left)
+	slices.Sort(removed)
+	want := []string{"c", "d", r1.Version}
+	slices.Sort(want)
+	if !slices.Equal(left, want) || !slices.Equal(removed, []string{"a", "b"}) {
+		t.Errorf("after prune: kept %v, removed %v; want kept %v, removed [a b]", left, removed, want)
 	}
 	if tmps, _ := filepath.Glob(filepath.Join(s.Dir, "web", tmpPrefix+"*")); len(tmps) != 0 {
 		t.Errorf("leftover temp folders: %v", tmps)

@@ -251,8 +251,30 @@ func TestNoApps(t *testing.T) {
 
 func TestDefaults(t *testing.T) {
 	c := loadOK(t, web)
-	want := defaultApp("web", filepath.Dir(c.Path), 4)
-	want.Command = []string{filepath.Join(filepath.Dir(c.Path), "server")}
+	// The defaults as the README's table documents them, written out here
+	// rather than taken from defaultApp, so a changed default fails this test.
+	dir := filepath.Dir(c.Path)
+	want := &App{
+		Name:          "web",
+		Command:       []string{filepath.Join(dir, "server")},
+		Cwd:           dir,
+		Instances:     4,
+		InstancesSpec: "max",
+		Ready:         Ready{Mode: ReadyNotify, Raw: "notify"},
+		ReadyTimeout:  30 * time.Second,
+		StopSignal:    syscall.SIGTERM,
+		StopTimeout:   30 * time.Second,
+		MaxSurge:      1,
+		KeepReleases:  5,
+		Restart: Restart{
+			Backoff:     100 * time.Millisecond,
+			MaxBackoff:  30 * time.Second,
+			MaxRestarts: 10,
+			Window:      time.Minute,
+			StableAfter: 10 * time.Second,
+		},
+		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+	}
 	got, ok := c.App("web")
 	if !ok {
 		t.Fatal("no app web")
