@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -462,5 +464,56 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("app %s: %d instances", name, app.Instances)
 			}
 		}
+		checkParsed(t, data, c)
 	})
+}
+
+// checkParsed is FuzzParse's reference for an accepted config: the TOML
+// read generically holds the same apps (sorted), each with its command's
+// arguments, its integer instances (or the 4 CPUs of fakeEnv when absent),
+// and its env.
+func checkParsed(t *testing.T, data []byte, c *Config) {
+	t.Helper()
+	var m map[string]any
+	if err := toml.Unmarshal(data, &m); err != nil {
+		t.Fatalf("parse accepted TOML that does not read: %v", err)
+	}
+	apps, _ := m["apps"].(map[string]any)
+	names := slices.Sorted(maps.Keys(apps))
+	if !slices.Equal(c.AppNames, names) || len(c.Apps) != len(names) {
+		t.Fatalf("apps %v (%d), the TOML has %v", c.AppNames, len(c.Apps), names)
+	}
+	for _, name := range names {
+		raw, _ := apps[name].(map[string]any)
+		app := c.Apps[name]
+		if app == nil || app.Name != name {
+			t.Fatalf("app %q missing or misnamed: %+v", name, app)
+		}
+		cmd, _ := raw["command"].([]any)
+		if len(app.Command) != len(cmd) || len(cmd) == 0 {
+			t.Fatalf("app %s: command %q, the TOML has %v", name, app.Command, cmd)
+		}
+		for i, arg := range cmd[1:] {
+			if app.Command[i+1] != arg {
+				t.Errorf("app %s: argument %d is %q, the TOML has %q", name, i+1, app.Command[i+1], arg)
+			}
+		}
+		switch n := raw["instances"].(type) {
+		case int64:
+			if int64(app.Instances) != n {
+				t.Errorf("app %s: %d instances, the TOML says %d", name, app.Instances, n)
+			}
+		case nil:
+			if app.Instances != 4 {
+				t.Errorf("app %s: %d instances, want 4 (the CPUs) by default", name, app.Instances)
+			}
+		}
+		if env, ok := raw["env"].(map[string]any); ok {
+			for k, v := range env {
+				if s, isStr := v.(string); isStr && !slices.Contains(app.Env, k+"="+s) {
+					t.Errorf("app %s: env %q lacks %s=%s from the TOML", name, app.Env, k, s)
+				}
+			}
+		}
+	}
 }
