@@ -161,7 +161,7 @@ func startFollower(t *testing.T, a *Agent, args ...string) *follower {
 	t.Helper()
 	cmd := exec.Command(bins.Deployd, append([]string{"logs"}, args...)...)
 	cmd.Dir = a.Dir
-	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET="+a.Socket)
+	cmd.Env = CleanEnv("DEPLOYD_SOCKET=" + a.Socket)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	r, err := cmd.StdoutPipe()

@@ -224,6 +224,7 @@ func startActivated(t *testing.T, a *Agent, listen, fdname string, env ...string
 	args = append(args, a.Binary, "agent", "-c", a.Config, "--log-level", "debug")
 	a.cmd = exec.Command(sa, args...)
 	a.cmd.Dir = a.Dir
+	a.cmd.Env = CleanEnv()
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
