@@ -70,6 +70,9 @@ func exitCodeOf(err error) int {
 		}
 		return ExitUnreachable
 	case errors.As(err, &se):
+		if se.Kind == "" { // an agent that did not say: its HTTP status does
+			return api.KindOfStatus(se.Code).ExitCode()
+		}
 		return se.Kind.ExitCode()
 	}
 	return ExitUsage // urfave/cli's own errors are usage errors (bad flag, ...)

@@ -23,6 +23,7 @@ func runAgentExpectingFailure(t *testing.T, body string) (int, string) {
 	a := NewAgentDir(t, bins, body)
 	cmd := exec.Command(bins.Deployd, "agent", "-c", a.Config)
 	cmd.Dir = a.Dir
+	cmd.Env = CleanEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -111,7 +112,7 @@ func TestUnreachableAgentExit3(t *testing.T) {
 
 func TestOtherUIDIsRefused(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("needs root to run a client as nobody")
+		skipOrFail(t, "needs root to run a client as nobody")
 	}
 	a := StartAgent(t, bins, appConfig("web", FreePort(t), 1, ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
@@ -182,6 +183,7 @@ func TestDemoServes(t *testing.T) {
 	sock := filepath.Join(dir, "demo.sock")
 	cmd := exec.Command(bins.Deployd, "demo", "--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--instances", "2", "--socket", sock, "--dir", dir)
+	cmd.Env = CleanEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out

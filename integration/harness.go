@@ -162,6 +162,7 @@ func (s *syncBuffer) String() string {
 // added) without starting anything. %SOCKET% and %DIR% are replaced.
 func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
 	t.Helper()
+	NoteSources()
 	dir, err := os.MkdirTemp("", "deployd-it-")
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +201,7 @@ func (a *Agent) Start() {
 	a.cmd = exec.Command(a.Binary, "agent", "-c", a.Config, "--log-level", "debug")
 	a.cmd.Dir = a.Dir
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	a.cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=", "GORACE=atexit_sleep_ms=0")
+	a.cmd.Env = CleanEnv("GORACE=atexit_sleep_ms=0")
 	// The agent dies with the test process; its workers die with it.
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
@@ -361,7 +362,7 @@ func (a *Agent) CLIAs(cred *syscall.Credential, args ...string) Result {
 	a.t.Helper()
 	cmd := exec.Command(a.bins.Deployd, args...)
 	cmd.Dir = a.Dir
-	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
+	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
@@ -376,6 +377,20 @@ func (a *Agent) CLIAs(cred *syscall.Credential, args ...string) Result {
 		a.t.Fatalf("run deployd %v: %v", args, err)
 	}
 	return r
+}
+
+// CleanEnv is the environment the tests give deployd and its workers: PATH,
+// HOME and TMPDIR of the caller, then extra — nothing else, so a variable of
+// the caller's (DEPLOYD_LOG_FORMAT=json, NOTIFY_SOCKET, LISTEN_FDS under
+// systemd, DEPLOYD_SOCKET) cannot change what the tests check.
+func CleanEnv(extra ...string) []string {
+	var env []string
+	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return append(env, extra...)
 }
 
 // PIDs returns the pids of app's workers, by slot.

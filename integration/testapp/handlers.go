@@ -60,6 +60,9 @@ func (a *app) handleIdentity(w http.ResponseWriter, _ *http.Request) {
 // handleSlow answers like GET / after ?ms=N milliseconds.
 func (a *app) handleSlow(w http.ResponseWriter, r *http.Request) {
 	ms, ok := intParam(w, r, "ms", 10*60*1000)
+	if ok {
+		warnf("slow request started ms=%d", ms) // tests wait for this line
+	}
 	if ok && sleep(r, time.Duration(ms)*time.Millisecond) {
 		a.handleIdentity(w, r)
 	}
