@@ -57,20 +57,20 @@ var mutations = []mutation{
 	{
 		Name:  "reload skips readiness",
 		File:  "workers/reload.go",
-		Old:   `if err := waitReady(w, time.Until(deadline), s.closing); err != nil {`,
-		New:   `if err := error(nil); err != nil && deadline.IsZero() {`,
+		Old:   `if err = o.s.waitReady(w, time.Until(deadline), spec); err != nil {`,
+		New:   `if err = error(nil); err != nil && deadline.IsZero() {`,
 		Tests: []target{{"./workers", "Reload"}, {"./integration", "^TestReload(AbandonedWhenNeverReady|WithSlowStartingVersion|sUnderLoadDropNothing)$"}},
 	},
 	{
 		Name: "a crash is not restarted",
-		File: "workers/supervisor.go",
-		Old: `func (s *Supervisor) onExit(sl *slot, w *Worker) {
-	s.mu.Lock()`,
-		New: `func (s *Supervisor) onExit(sl *slot, w *Worker) {
+		File: "workers/crash.go",
+		Old: `func (s *Supervisor) onExit(st *state, sl *slot, w *Worker) {
+	if st.closing`,
+		New: `func (s *Supervisor) onExit(st *state, sl *slot, w *Worker) {
 	if sl != nil {
 		return
 	}
-	s.mu.Lock()`,
+	if st.closing`,
 		Tests: []target{{"./workers", "Crash|Restart"}, {"./integration", "^TestCrashedWorkerIsReplacedInItsSlot$"}},
 	},
 	{
@@ -93,6 +93,13 @@ var mutations = []mutation{
 		return s.HTTP.Close()
 	}`,
 		Tests: []target{{"./integration/testapp", "^TestListenServesAndDrainsOnSIGTERM$"}, {"./integration", "^TestReloadsUnderLoadDropNothing$"}},
+	},
+	{
+		Name:  "the Node.js drain closes idle connections at once",
+		File:  "workers/nodejs/preload.cjs",
+		Old:   `var grace = c.served > 0 ? IDLE_GRACE_MS : FRESH_GRACE_MS;`,
+		New:   `var grace = 0;`,
+		Tests: []target{{"./workers/nodejs", "Drain"}, {"./integration", "^TestNode(TutorialAppExpress4|ServerCloseHandlerExpress5)$"}},
 	},
 	{
 		Name:  "the notify parser returns nothing",
