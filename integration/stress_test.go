@@ -24,8 +24,10 @@ func TestStressConcurrentStatusDuringReload(t *testing.T) {
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
-	// A slow-starting version keeps the reload running while the calls land.
-	a.WriteConfig(versionedApp(port, 2, "v2", `TESTAPP_STARTUP_DELAY = "3s"`, ""))
+	// A version that gets ready only once the test says so keeps the reload
+	// running while the calls land, however slow the machine is.
+	gate := filepath.Join(t.TempDir(), "ready")
+	a.WriteConfig(versionedApp(port, 2, "v2", fmt.Sprintf("TESTAPP_READY_FILE = %q", gate), ""))
 	type outcome struct {
 		res *api.Result
 		err error
@@ -39,6 +41,9 @@ func TestStressConcurrentStatusDuringReload(t *testing.T) {
 	}()
 	a.WaitFor("reload running", 10*time.Second, func(st *api.Status) bool { return appOf(st, "web").State == "reloading" })
 	b := statusBurst(a, callers)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	o := <-reloaded
 	if o.err != nil || !o.res.OK {
 		t.Fatalf("reload during the status calls: %+v, %v\n%s", o.res, o.err, a.Log())
@@ -50,10 +55,9 @@ func TestStressConcurrentStatusDuringReload(t *testing.T) {
 	t.Logf("%d concurrent status calls during a reload: %d failed, %d saw state reloading; all answered in %s (p50 %s, max %s)",
 		callers, len(b.errs), b.reloading, b.all.Round(time.Millisecond),
 		b.took[len(b.took)/2].Round(time.Microsecond), b.took[len(b.took)-1].Round(time.Microsecond))
-	// The reload runs for at least the new version's 3 s startup; the calls
-	// start once status shows it running and answer within a few hundred ms,
-	// so every one must see it. A status call that waited for the reload to
-	// finish would see "running".
+	// The reload cannot finish before the burst is over (its new workers wait
+	// for the gate file), so every call must see it. A status call that
+	// waited for the reload to finish would never answer before the gate.
 	if b.reloading != callers {
 		t.Errorf("%d of %d status calls saw web reloading, want all: status must not wait for a reload", b.reloading, callers)
 	}

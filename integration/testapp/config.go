@@ -13,6 +13,7 @@ type config struct {
 	version         string
 	listen          string
 	startupDelay    time.Duration
+	readyFile       string
 	exitBeforeReady int
 	neverReady      bool
 	crashAfter      time.Duration
@@ -34,6 +35,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.version, "version", "v1", "version reported in every response")
 	fs.StringVar(&c.listen, "listen", "", "`ADDR` to listen on when no socket is passed (LISTEN_FDS)")
 	fs.DurationVar(&c.startupDelay, "startup-delay", 0, "sleep this long before serving and getting ready")
+	fs.StringVar(&c.readyFile, "ready-file", "", "after the startup delay, wait until `PATH` exists before serving and getting ready")
 	fs.IntVar(&c.exitBeforeReady, "exit-before-ready", -1, "exit with this code instead of getting ready (-1: off)")
 	fs.BoolVar(&c.neverReady, "never-ready", false, "serve but never signal readiness")
 	fs.DurationVar(&c.crashAfter, "crash-after", 0, "exit 1 this long after getting ready")
