@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,6 +58,9 @@ type Worker struct {
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
+	// lines counts the output lines captured; wait watches it to tell a
+	// worker's output still draining from a pipe held open by an escaped child.
+	lines atomic.Int64
 }
 
 // Ready is closed when the worker reported ready.
@@ -160,10 +164,14 @@ func (w *Worker) stop(state State) {
 	}
 }
 
-// outputGrace bounds the wait for a worker's output after it exited: a
-// descendant that left the process group (setsid, nohup) may hold the pipes
-// open for ever (as os/exec's Cmd.WaitDelay).
-const outputGrace = 2 * time.Second
+// outputGrace is how long a worker's output may stay silent after it exited,
+// and outputMax how long it may last in all: a descendant that left the
+// process group (setsid, nohup) may hold the pipes open for ever (as
+// os/exec's Cmd.WaitDelay).
+const (
+	outputGrace = 2 * time.Second
+	outputMax   = 30 * time.Second
+)
 
 // wait reaps the process and drains its output.
 func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
@@ -176,15 +184,28 @@ func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 	w.killGroup()
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
-	t := time.NewTimer(outputGrace)
-	select {
-	case <-drained:
-	case <-t.C:
-		// Closing the read ends ends the readers' blocked reads.
-		for _, p := range pipes {
-			p.Close()
+	// Output still in the pipes is read to the end even when the sinks are
+	// slow; a pipe that stays silent for outputGrace, or still flows after
+	// outputMax (held open by a child that left the group), is cut.
+	t := time.NewTicker(outputGrace)
+	cut := time.Now().Add(outputMax)
+	seen := w.lines.Load()
+	for wait := true; wait; {
+		select {
+		case <-drained:
+			wait = false
+		case <-t.C:
+			if n := w.lines.Load(); n != seen && time.Now().Before(cut) {
+				seen = n
+				continue
+			}
+			// Closing the read ends ends the readers' blocked reads.
+			for _, p := range pipes {
+				p.Close()
+			}
+			<-drained
+			wait = false
 		}
-		<-drained
 	}
 	t.Stop()
 	w.mu.Lock()
@@ -205,6 +226,7 @@ func (w *Worker) capture(wg *sync.WaitGroup, r *os.File, sink *logs.Sink, stream
 	defer r.Close()
 	matchReady := ready.Mode == ReadyLog && ready.Regex != nil
 	_ = logs.Capture(r, 0, func(text string) {
+		w.lines.Add(1)
 		w.tail.Add(text)
 		if sink != nil {
 			sink.Write(logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text})
