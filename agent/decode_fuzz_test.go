@@ -21,7 +21,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"apps":["web"],"strategy":"rolling"}`, `{"app":"web"}`, `{"app":"web","artifact":"/a.tar.gz","version":"1"}`,
 		`{"app":"web","instances":"+1"}`, `{"binary":"/usr/bin/x","sha256":"00"}`, ``, `{`, `[]`, `null`,
-		`{"apps":"web"}`, `{"unknown":1}`, `{"app":"` + strings.Repeat("a", 1000) + `"}`,
+		`{"apps":"web"}`, `{"unknown":1}`, `{"app":"web"}garbage`, `{"app":"web"} {}`, `{"app":"` + strings.Repeat("a", 1000) + `"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -48,6 +48,9 @@ func FuzzDecodeRequest(f *testing.F) {
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("decode of %q = %+v, want %+v", body, got, want)
 				}
+			}
+			if ok && !strictDecode(body, newTarget()) {
+				t.Fatalf("decode accepted %q, which is not one JSON value of %T", body, got)
 			}
 			if ok {
 				if rec.Code != http.StatusOK || rec.Body.Len() != 0 {

@@ -112,6 +112,11 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request too large: the limit is %d bytes", mbe.Limit))
 		return false
 	}
+	if err == nil {
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = errors.New("data after the JSON value")
+		}
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad request: the body is not valid JSON for this call: "+err.Error())
 		return false
