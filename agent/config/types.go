@@ -83,8 +83,10 @@ type Restart struct {
 	MaxBackoff  time.Duration // cap, default 30s
 	MaxRestarts int           // within Window before the app is errored, default 10
 	Window      time.Duration // default 1m
-	// StableAfter: a worker up this long resets its backoff. Default 10s
-	// (key `stable_after`).
+	// StableAfter: a worker that became ready and ran this long before it
+	// crashed is restarted at once and resets its backoff; one that died
+	// sooner is in a crash loop and waits the backoff. Default 1s, PM2's
+	// min_uptime (key `stable_after`).
 	StableAfter time.Duration
 }
 
