@@ -9,7 +9,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/deployd/deployd/agent/api")
+	"github.com/deployd/deployd/agent/api"
+)
 
 // opWriter is the ResponseWriter of one control request. It records how
 // the request was answered so that the agent log says how every operation
