@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -89,5 +90,14 @@ func TestIsolatedCrashRestartsAtOnce(t *testing.T) {
 	}
 	if st := s.Status(); st.Restarts != 3 || st.State != AppRunning {
 		t.Errorf("restarts %d, state %s; want 3, running", st.Restarts, st.State)
+	}
+}
+
+func TestNotReadyNodeIPCSuggestsProcessSend(t *testing.T) {
+	w := &Worker{Slot: 1, PID: 42, spec: &Spec{Ready: ReadyPolicy{Mode: ReadyNodeIPC}}}
+	got := (&NotReadyError{Worker: w, Timeout: 5 * time.Second}).Error()
+	want := "worker 1 (pid 42) was not ready within ready_timeout 5s; with ready = \"node-ipc\" the app must call process.send('ready') once it listens"
+	if !strings.HasPrefix(got, want) {
+		t.Errorf("NotReadyError = %q, want it to start with %q", got, want)
 	}
 }
