@@ -342,6 +342,9 @@ func (a *Agent) listenControl() (net.Listener, error) {
 
 // setup opens every app's listeners and the notify socket. Nothing runs yet.
 func (a *Agent) setup(cfg *config.Config) error {
+	for _, w := range cfg.Warnings {
+		a.log.Warn("config: " + w.String())
+	}
 	for d, what := range map[string]string{cfg.Agent.StateDir: "state (state_dir)", cfg.Agent.LogDir: "app logs (log_dir)"} {
 		if _, err := a.makeDir(d, what); err != nil {
 			return err

@@ -107,8 +107,14 @@ func configCommand() *cli.Command {
 					for _, l := range a.Listen {
 						ls = append(ls, l.URL)
 					}
+					if len(ls) == 0 {
+						ls = []string{"none"}
+					}
 					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s\n",
 						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw)
+				}
+				for _, p := range cfg.Warnings {
+					fmt.Fprintf(c.App.ErrWriter, "deployd: warning: %s\n", p)
 				}
 				return nil
 			},

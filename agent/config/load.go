@@ -83,6 +83,7 @@ func parse(path string, data []byte, env hostEnv) (*Config, error) {
 	if err := ps.err(); err != nil {
 		return nil, err
 	}
+	c.Warnings = warnings(c, name, ps.lines)
 	return c, nil
 }
 

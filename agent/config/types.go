@@ -18,6 +18,9 @@ type Config struct {
 	// Apps by name; AppNames lists the names sorted.
 	Apps     map[string]*App
 	AppNames []string
+	// Warnings are notes about a valid config that probably does not do
+	// what its author means (warnings.go).
+	Warnings []Problem
 }
 
 // Agent holds the [agent] table.
