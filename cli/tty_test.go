@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,10 @@ func TestScaleNegativeNeedsNoDoubleDash(t *testing.T) {
 	want := []string{"deployd", "scale", "--json", "web", "-1"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("interspersed = %q, want %q", got, want)
+	}
+	// The whole CLI parses it: the only failure is the agent that is not there.
+	code, _, errOut := run(t, "scale", "web", "-1", "--socket", filepath.Join(t.TempDir(), "none.sock"))
+	if code != ExitUnreachable {
+		t.Errorf("deployd scale web -1: exit %d, want %d (unreachable):\n%s", code, ExitUnreachable, errOut)
 	}
 }
