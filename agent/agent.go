@@ -78,6 +78,8 @@ type Agent struct {
 	state    *stateFile
 	releases *release.Store
 	sys      sysState // the metrics server (metrics.go)
+
+	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -197,6 +199,7 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 	if removeFiles {
 		_ = os.Remove(a.socket)
 		a.reg.RemoveSocketFiles()
+		a.removeCreatedRunDir()
 	}
 	for _, rt := range a.appList() {
 		rt.closeLogs()
@@ -293,9 +296,11 @@ func (a *Agent) requestShutdown() {
 // with socket_group.
 func (a *Agent) listenControl() (net.Listener, error) {
 	path := a.socket
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	created, err := a.makeDir(filepath.Dir(path), "control socket")
+	if err != nil {
+		return nil, err
 	}
+	a.createdRunDir = created
 	if ln, err := a.upg.Fds().Listener("unix", path); err == nil && ln != nil {
 		return ln, nil // inherited from the previous agent
 	}
@@ -337,9 +342,12 @@ func (a *Agent) listenControl() (net.Listener, error) {
 
 // setup opens every app's listeners and the notify socket. Nothing runs yet.
 func (a *Agent) setup(cfg *config.Config) error {
-	for _, d := range []string{cfg.Agent.StateDir, cfg.Agent.LogDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", d, err)
+	for _, w := range cfg.Warnings {
+		a.log.Warn("config: " + w.String())
+	}
+	for d, what := range map[string]string{cfg.Agent.StateDir: "state (state_dir)", cfg.Agent.LogDir: "app logs (log_dir)"} {
+		if _, err := a.makeDir(d, what); err != nil {
+			return err
 		}
 	}
 	var err error

@@ -166,7 +166,7 @@ func TestErrors(t *testing.T) {
 		{"long socket", "[agent]\nsocket = \"/" + strings.Repeat("s", 120) + "\"", 2, "agent.socket", "Unix sockets allow 107"},
 		// syntax
 		{"syntax", web + "cwd = \"srv", 3, `cwd = "srv`, "syntax error: "},
-		{"syntax duplicate", web + "command = [\"./server\"]", 3, "syntax error", "fix the TOML here"},
+		{"syntax duplicate", web + "command = [\"./server\"]", 3, "syntax error", "apps.web.command is already defined above: remove one of the two"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -271,7 +271,7 @@ func TestDefaults(t *testing.T) {
 			MaxBackoff:  30 * time.Second,
 			MaxRestarts: 10,
 			Window:      time.Minute,
-			StableAfter: 10 * time.Second,
+			StableAfter: time.Second,
 		},
 		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
 		Node: "auto",
