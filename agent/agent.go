@@ -28,6 +28,7 @@ import (
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/release"
+	"github.com/deployd/deployd/workers"
 )
 
 // Options configure Run.
@@ -77,7 +78,10 @@ type Agent struct {
 
 	state    *stateFile
 	releases *release.Store
-	sys      sysState // the metrics server (metrics.go)
+	// inherited is the previous agent's handover (nil without one): the
+	// workers startApps adopts. Set by setup.
+	inherited *received
+	sys       sysState // the metrics server (metrics.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -184,7 +188,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 }
 
 // teardown is the one way out: it stops every app's workers (after a
-// handoff they are drained, the new agent has its own), stops the metrics
+// handoff only those the new agent did not get: it adopted the others), stops the metrics
 // server, closes the agent's copies of the listeners and log files, and
 // stops the upgrader, except in a new agent that gave up (that would unlink
 // the sockets the previous agent serves). With removeFiles (a real
@@ -192,7 +196,13 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 // serves them.
 func (a *Agent) teardown(handedOff, removeFiles bool) {
 	a.upgWG.Wait()
-	eachApp(a.appList(), func(rt *appRT) { rt.sup.Stop() })
+	eachApp(a.appList(), func(rt *appRT) {
+		if handedOff {
+			rt.sup.Release() // the handed-over workers run on under the new agent
+		} else {
+			rt.sup.Stop()
+		}
+	})
 	a.stopSys()
 	if removeFiles {
 		_ = os.Remove(a.socket)
@@ -347,6 +357,11 @@ func (a *Agent) setup(cfg *config.Config) error {
 		return err
 	}
 	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	// Before any app: a handover we cannot read must make this agent give
+	// up, so that the previous one keeps its workers.
+	if a.inherited, err = a.receiveHandover(); err != nil {
+		return fmt.Errorf("read the previous agent's handover: %w", err)
+	}
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {
@@ -392,7 +407,17 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 // The error names the apps whose workers were not all ready.
 func (a *Agent) startApps() error {
 	var start []*appRT
+	handed := map[string][]*workers.Handover{}
+	if a.inherited != nil {
+		handed, a.inherited = a.inherited.byApp, nil
+	}
+	defer a.retireOrphans(handed) // apps removed or stopped: their workers go
+	adopt := map[*appRT][]*workers.Handover{}
 	for _, rt := range a.appList() {
+		if hs, ok := handed[rt.name]; ok && !a.state.get(rt.name).Stopped {
+			adopt[rt] = hs
+			delete(handed, rt.name)
+		}
 		if a.state.get(rt.name).Stopped {
 			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
 			continue
@@ -403,7 +428,11 @@ func (a *Agent) startApps() error {
 	var errs []error
 	eachApp(start, func(rt *appRT) {
 		t := time.Now()
-		if err := rt.sup.Start(); err != nil {
+		start := rt.sup.Start
+		if hs, ok := adopt[rt]; ok {
+			start = func() error { return rt.sup.Adopt(hs) }
+		}
+		if err := start(); err != nil {
 			a.log.Error("app started with errors", "app", rt.name, "error", err)
 			mu.Lock()
 			defer mu.Unlock()

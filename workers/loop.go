@@ -27,6 +27,10 @@ type state struct {
 	// usage holds the CPU/RSS sample of each worker, taken once per tick.
 	usage map[*Worker]sample
 	subs  map[*subscriber]struct{}
+	// handover is set between HandOver and Resume/Release; handedOver,
+	// once released, are the workers the next agent has: never stopped here.
+	handover   *handover
+	handedOver map[*Worker]bool
 }
 
 type slot struct {

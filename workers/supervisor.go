@@ -173,6 +173,7 @@ func (s *Supervisor) Pause() error {
 func (s *Supervisor) Stop() { s.stopOnce.Do(s.stop) }
 
 func (s *Supervisor) stop() {
+	s.Resume() // a handoff in flight is over: this agent stops
 	var running *opInfo
 	s.call(func(st *state) {
 		st.closing = true
@@ -268,7 +269,7 @@ func (o *op) stopAll(how State) {
 				sl.timer = nil
 			}
 			for _, w := range append([]*Worker{sl.cur}, sl.extra...) {
-				if w != nil {
+				if w != nil && !st.handedOver[w] {
 					vs = append(vs, victim{sl, w})
 				}
 			}

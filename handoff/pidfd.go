@@ -1,0 +1,121 @@
+package handoff
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotSameProcess means a pid no longer names the process that was
+// recorded: it exited, or its pid was reused (the start time differs).
+var ErrNotSameProcess = errors.New("handoff: not the recorded process")
+
+// StartTime is a process's start time in clock ticks since boot
+// (/proc/PID/stat field 22). With the pid it names one process: a reused pid
+// has a later start time.
+func StartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces and ')': fields after the
+	// last ')' are plain. Field 3 (state) is the first of them.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no ')'", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	return strconv.ParseUint(f[19], 10, 64) // field 22
+}
+
+// Pidfd watches and signals a process that need not be the caller's child
+// (pidfd_open, Linux >= 5.3): a process an agent adopted from the previous
+// one. The fd is in Go's poller, so waiting takes no thread.
+type Pidfd struct {
+	pid int
+	f   *os.File
+}
+
+// OpenPidfd opens a pidfd for pid and checks that it is the process that
+// started at start (StartTime); otherwise it returns ErrNotSameProcess.
+// The start time is read after the pidfd is open, so a pid reused in between
+// is caught: the pidfd then names the new process, whose start differs.
+func OpenPidfd(pid int, start uint64) (*Pidfd, error) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if errors.Is(err, unix.ESRCH) {
+		return nil, fmt.Errorf("pid %d: %w (it has exited)", pid, ErrNotSameProcess)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	p := &Pidfd{pid: pid, f: os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(pid))}
+	got, err := StartTime(pid)
+	if err != nil || got != start {
+		p.Close()
+		return nil, fmt.Errorf("pid %d: start time %d, recorded %d: %w", pid, got, start, ErrNotSameProcess)
+	}
+	// A zombie still has its /proc entry: not worth adopting either.
+	if p.exited() {
+		p.Close()
+		return nil, fmt.Errorf("pid %d: %w (it has exited)", pid, ErrNotSameProcess)
+	}
+	return p, nil
+}
+
+// exited polls the pidfd without blocking.
+func (p *Pidfd) exited() bool {
+	fd, err := rawFd(p.f)
+	if err != nil {
+		return true
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
+}
+
+// Wait blocks until the process has exited (the pidfd polls readable). Its
+// exit status is not the caller's to read unless it is its child.
+func (p *Pidfd) Wait() error {
+	raw, err := p.f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return raw.Read(func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n > 0
+	})
+}
+
+// Signal sends sig to the process itself (never to a reused pid).
+func (p *Pidfd) Signal(sig syscall.Signal) error {
+	raw, err := p.f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.PidfdSendSignal(int(fd), sig, nil, 0)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// Close closes the pidfd. Safe to call twice.
+func (p *Pidfd) Close() error {
+	err := p.f.Close()
+	if errors.Is(err, os.ErrClosed) {
+		return nil
+	}
+	return err
+}
