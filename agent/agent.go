@@ -81,7 +81,13 @@ type Agent struct {
 	// inherited is the previous agent's handover (nil without one): the
 	// workers startApps adopts. Set by setup.
 	inherited *received
-	sys       sysState // the metrics server (metrics.go)
+	changed   chan struct{}  // wakes the recorder (survivors.go)
+	retiring  sync.WaitGroup // retireLater in flight
+	// found are the workers dead agents left, foundRecords their records
+	// (survivors.go): retired once this agent's workers are ready.
+	found        []survivor
+	foundRecords []string
+	sys          sysState // the metrics server (metrics.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -107,11 +113,19 @@ func Run(opts Options) error {
 	a := &Agent{
 		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, path: cfg.Path, settings: cfg.Agent,
 		upg: upg, apps: map[string]*appRT{}, shutdown: make(chan struct{}), ready: make(chan struct{}),
+		changed: make(chan struct{}, 1),
 	}
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
-	a.reg = handoff.NewRegistry(upg.Fds(), a.activation(), log)
+	socks := a.activation()
+	if !upg.HasParent() {
+		// Workers a killed agent left: their sockets first (still bound),
+		// retired once this agent's own workers are ready (survivors.go).
+		a.found, a.foundRecords = a.survivors()
+		socks = append(socks, a.survivorSockets(a.found)...)
+	}
+	a.reg = handoff.NewRegistry(upg.Fds(), socks, log)
 	// Signals first, so a SIGTERM during startup is not lost.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
@@ -182,6 +196,15 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 	})
 	stopStatus := make(chan struct{})
 	g.Add(func() error { a.statusUpdates(stopStatus); return nil }, func(error) { close(stopStatus) })
+	stopRec := make(chan struct{})
+	g.Add(func() error {
+		select {
+		case <-a.ready:
+			a.recorder(stopRec)
+		case <-stopRec:
+		}
+		return nil
+	}, func(error) { close(stopRec) })
 	stopLoop := make(chan struct{})
 	g.Add(func() error { return a.loop(sigs, stopLoop, onReady) }, func(error) { close(stopLoop) })
 	return &g
@@ -217,6 +240,8 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 	if handedOff || !a.quiet.Load() {
 		a.upg.Stop()
 	}
+	a.retiring.Wait()
+	a.removeRecord() // every worker is stopped, or recorded by the next agent
 }
 
 // load loads the config and resolves the agent's own binary once: it is
@@ -259,6 +284,12 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 	a.log.Info("agent ready", "apps", len(a.appList()), "startup", time.Since(t0).Round(time.Millisecond),
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
+	// Recorded before the previous agent may exit: if this one is killed
+	// from now on, the next one finds every worker (survivors.go).
+	if err := a.writeRecord(a.processes()); err != nil {
+		a.log.Warn("record the running workers", "error", err)
+	}
+	a.retiring.Go(a.retireLater)
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if err := a.upg.Ready(); err != nil {

@@ -119,3 +119,48 @@ func (p *Pidfd) Close() error {
 	}
 	return err
 }
+
+// Listeners copies every listening socket the process holds (pidfd_getfd,
+// Linux >= 5.6; needs ptrace rights over it: the same user, or
+// CAP_SYS_PTRACE), found through /proc/PID/fd whatever their fd numbers
+// (apps move them: go-systemd's activation dups fd 3 and closes it). The
+// registry adopts them as it adopts sockets from systemd: how an agent takes
+// the sockets back from the workers that a killed agent left serving.
+func (p *Pidfd) Listeners() ([]*Activated, error) {
+	dir := "/proc/" + strconv.Itoa(p.pid) + "/fd"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := p.f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []*Activated
+	for _, e := range ents {
+		link, err := os.Readlink(dir + "/" + e.Name())
+		if err != nil || !strings.HasPrefix(link, "socket:") || seen[link] {
+			continue
+		}
+		seen[link] = true
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		nfd, gerr := -1, error(nil)
+		if err := raw.Control(func(pfd uintptr) { nfd, gerr = unix.PidfdGetfd(int(pfd), n, 0) }); err != nil {
+			return out, err
+		}
+		if gerr != nil {
+			return out, fmt.Errorf("pidfd_getfd pid %d fd %d: %w", p.pid, n, gerr)
+		}
+		s, err := inspect(nfd, "unknown")
+		if err != nil {
+			unix.Close(nfd) // not a listening stream socket
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}

@@ -124,6 +124,12 @@ func (s *Supervisor) changeStateTo(st *state, e Event, change func()) Event {
 	s.log.Debug("event", "event", e.Type, "worker", e.Slot, "pid", e.PID, "release", e.Release,
 		"ms", e.Millis, "message", e.Message)
 	st.publish(e)
+	switch e.Type {
+	case EventStarted, EventRestart, EventExited, EventCrash:
+		if s.opts.Changed != nil {
+			s.opts.Changed()
+		}
+	}
 	return e
 }
 

@@ -72,6 +72,10 @@ type Options struct {
 	Shim     string // the deployd binary (LISTEN_PID shim)
 	Out, Err *logs.Sink
 	Logger   hclog.Logger
+	// Changed, when set, is called (from the supervisor's loop: it must not
+	// block) whenever a worker process starts or ends: the agent then
+	// rewrites its record of the processes it runs.
+	Changed func()
 }
 
 // Supervisor keeps one app's workers running. Its state is owned by one
