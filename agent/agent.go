@@ -81,8 +81,9 @@ type Agent struct {
 	// inherited is the previous agent's handover (nil without one): the
 	// workers startApps adopts. Set by setup.
 	inherited *received
-	changed   chan struct{}  // wakes the recorder (survivors.go)
-	retiring  sync.WaitGroup // retireLater in flight
+	orphans   map[string][]*workers.Handover // handed over for apps this agent does not run
+	changed   chan struct{}                  // wakes the recorder (survivors.go)
+	retiring  sync.WaitGroup                 // retireLater in flight
 	// found are the workers dead agents left, foundRecords their records
 	// (survivors.go): retired once this agent's workers are ready.
 	found        []survivor
@@ -223,7 +224,7 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		if handedOff {
 			rt.sup.Release() // the handed-over workers run on under the new agent
 		} else {
-			rt.sup.Stop()
+			a.stopApp(rt)
 		}
 	})
 	a.stopSys()
@@ -290,6 +291,7 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		a.log.Warn("record the running workers", "error", err)
 	}
 	a.retiring.Go(a.retireLater)
+	a.retiring.Go(a.stopLeftovers)
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if err := a.upg.Ready(); err != nil {
@@ -320,6 +322,16 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 			return nil
 		}
 	}
+}
+
+// stopApp stops rt's workers; in a new agent that has not taken over it
+// leaves those it adopted to the previous agent, which keeps them.
+func (a *Agent) stopApp(rt *appRT) {
+	if a.quiet.Load() {
+		rt.sup.LetGo()
+		return
+	}
+	rt.sup.Stop()
 }
 
 // ErrHandedOff is returned by Run when a new agent took over (upgrade).
@@ -428,7 +440,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 			a.log.Info("shutdown requested during startup")
 		case <-stop:
 		}
-		eachApp(a.appList(), func(rt *appRT) { rt.sup.Stop() })
+		eachApp(a.appList(), a.stopApp)
 		<-done
 		return true, nil
 	}
@@ -442,7 +454,8 @@ func (a *Agent) startApps() error {
 	if a.inherited != nil {
 		handed, a.inherited = a.inherited.byApp, nil
 	}
-	defer a.retireOrphans(handed) // apps removed or stopped: their workers go
+	// Apps removed or stopped: their workers go once this agent took over.
+	defer func() { a.orphans = handed }()
 	adopt := map[*appRT][]*workers.Handover{}
 	for _, rt := range a.appList() {
 		if hs, ok := handed[rt.name]; ok && !a.state.get(rt.name).Stopped {

@@ -33,8 +33,11 @@ type workerParcel struct {
 // handing is a handover in flight in the sending agent.
 type handing struct {
 	apps []*appRT
-	mine *os.File
-	sent chan error
+	// mine is the sending end; theirs a copy of the end the next agent
+	// reads, kept to empty the channel after a failed handoff (the fds in
+	// flight would stay open in the queue).
+	mine, theirs *os.File
+	sent         chan error
 }
 
 // handOver freezes every app's pool, pauses the readers of its ready
@@ -47,13 +50,12 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = a.upg.Fds().AddFile(handoverName, theirs)
-	theirs.Close()
-	if err != nil {
+	if err = a.upg.Fds().AddFile(handoverName, theirs); err != nil {
 		mine.Close()
+		theirs.Close()
 		return nil, fmt.Errorf("pass the handover channel: %w", err)
 	}
-	h := &handing{mine: mine, sent: make(chan error, 1)}
+	h := &handing{mine: mine, theirs: theirs, sent: make(chan error, 1)}
 	hdr, _ := json.Marshal(handoverHeader{Version: 1, AgentPID: os.Getpid(), RestartWorkers: restart})
 	parcels := []handoff.Parcel{{Header: hdr}}
 	var hos []*workers.Handover
@@ -93,10 +95,19 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 func (h *handing) failed() {
 	h.mine.Close()
 	<-h.sent
+	if ps, err := handoff.ReceiveParcels(h.theirs, time.Now().Add(time.Second)); err == nil {
+		for _, p := range ps {
+			closeAll(p.Files)
+		}
+	}
+	h.theirs.Close()
 	for _, rt := range h.apps {
 		rt.sup.Resume()
 	}
 }
+
+// succeeded closes the copy of the next agent's end.
+func (h *handing) succeeded() { h.theirs.Close() }
 
 // received is what a new agent got from the previous one.
 type received struct {
@@ -144,6 +155,14 @@ func closeAll(fs []*os.File) {
 	for _, f := range fs {
 		f.Close()
 	}
+}
+
+// stopLeftovers stops, once this agent has taken over, the workers of the
+// previous agent it did not adopt.
+func (a *Agent) stopLeftovers() {
+	eachApp(a.appList(), func(rt *appRT) { rt.sup.StopLeftovers() })
+	a.retireOrphans(a.orphans)
+	a.orphans = nil
 }
 
 // retireOrphans stops the handed-over workers of apps this agent does not

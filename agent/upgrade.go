@@ -61,6 +61,8 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	if err == nil {
 		if err = a.upg.Upgrade(); err != nil {
 			h.failed()
+		} else {
+			h.succeeded()
 		}
 	}
 	if err != nil {

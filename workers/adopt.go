@@ -17,8 +17,9 @@ import (
 // same pid, its output and notify messages read on from where the previous
 // agent paused. Every other slot gets a new worker, waited for as by Start.
 // Handed-over workers it does not adopt (another spec, a slot beyond the
-// instances, a duplicate) are retired — stopped with their own stop signal
-// — once the pool is ready. With no handovers it is Start.
+// instances, a duplicate) are kept aside as leftovers: StopLeftovers stops
+// them (their own stop signal) once the agent has taken over; until then
+// they belong to the previous agent. With no handovers it is Start.
 func (s *Supervisor) Adopt(hs []*Handover) error {
 	o, err := s.begin("adopt the running workers", nil)
 	if err != nil {
@@ -53,13 +54,51 @@ func (s *Supervisor) Adopt(hs []*Handover) error {
 		}
 		adopted[h.Slot], counters[h.Slot] = w, h
 	}
-	err = o.startAdopting(spec, adopted, counters)
+	o.change(func(st *state) {
+		st.leftovers = retire
+		st.adopted = map[*Worker]bool{}
+		for _, w := range adopted {
+			st.adopted[w] = true
+		}
+	})
+	return o.startAdopting(spec, adopted, counters)
+}
+
+// StopLeftovers stops the handed-over workers Adopt did not adopt; call it
+// once this agent has taken over from the previous one.
+func (s *Supervisor) StopLeftovers() {
+	var ws []*Worker
+	s.call(func(st *state) { ws, st.leftovers = st.leftovers, nil })
 	var wg sync.WaitGroup
-	for _, w := range retire {
+	for _, w := range ws {
 		wg.Go(func() { w.stop(Stopping) })
 	}
 	wg.Wait()
-	return err
+}
+
+// LetGo ends a supervisor of an agent that gives up before it took over:
+// it stops the workers it started and leaves every worker it adopted (and
+// the leftovers) to the previous agent, which keeps them. Safe to call
+// twice; after Stop or Release it does nothing.
+func (s *Supervisor) LetGo() {
+	s.stopOnce.Do(func() {
+		var running *opInfo
+		s.call(func(st *state) {
+			st.closing = true
+			close(s.cancel)
+			running = st.op
+			st.handedOver = st.adopted
+			st.leftovers = nil
+		})
+		if running != nil {
+			<-running.done
+		}
+		o := s.newOp("stop", "", nil)
+		o.stopAll(Stopping) // skips the adopted workers
+		o.change(func(st *state) { st.closeSubs() })
+		close(s.quit)
+		<-s.done
+	})
 }
 
 // startAdopting is startAll with the adopted workers in their slots.

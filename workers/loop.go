@@ -31,6 +31,10 @@ type state struct {
 	// once released, are the workers the next agent has: never stopped here.
 	handover   *handover
 	handedOver map[*Worker]bool
+	// adopted are the workers Adopt took from the previous agent and
+	// leftovers those it did not (stopped by StopLeftovers).
+	adopted   map[*Worker]bool
+	leftovers []*Worker
 }
 
 type slot struct {
