@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -134,7 +135,7 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 			records = append(records, path)
 			continue
 		}
-		if st, err := handoff.StartTime(pid); err == nil && st == rec.AgentStart {
+		if handoff.Running(pid, rec.AgentStart) {
 			continue // that agent lives
 		}
 		records = append(records, path)
@@ -157,21 +158,36 @@ func (a *Agent) survivorSockets(ss []survivor) []*handoff.Activated {
 	done := map[string]bool{}
 	var out []*handoff.Activated
 	for _, s := range ss {
-		if done[s.app] || len(s.p.Listeners) == 0 {
+		if done[s.app] || len(s.p.Listen) == 0 {
 			continue
 		}
 		pfd, err := handoff.OpenPidfd(s.p.PID, s.p.StartTime)
 		if err != nil {
 			continue
 		}
-		got, err := pfd.Listeners()
+		held, err := pfd.Listeners()
 		pfd.Close()
-		if err != nil || len(got) < len(s.p.Listeners) {
-			a.log.Warn("take the listeners back from a worker left by a dead agent", "app", s.app, "pid", s.p.PID,
-				"found", len(got), "want", len(s.p.Listeners), "error", err)
+		// Only the sockets its app listens on, each once.
+		var got []*handoff.Activated
+		for _, l := range held {
+			if len(got) < len(s.p.Listen) && slices.ContainsFunc(s.p.Listen, func(w workers.Listen) bool {
+				return l.Matches(w.Network, w.Address)
+			}) {
+				got = append(got, l)
+			} else {
+				l.Close()
+			}
+		}
+		if err != nil || len(got) < len(s.p.Listen) {
+			// Exiting (a worker whose agent died gets EPIPE, often SIGPIPE,
+			// at its next output line) or not holding them: try the next one,
+			// and let a dying one free its address first.
+			a.log.Info("no listeners to take back from a worker left by a dead agent", "app", s.app, "pid", s.p.PID,
+				"found", len(got), "want", len(s.p.Listen), "error", err)
 			for _, l := range got {
 				l.Close()
 			}
+			waitGone(s.p, 2*time.Second)
 			continue
 		}
 		done[s.app] = true
@@ -180,6 +196,25 @@ func (a *Agent) survivorSockets(ss []survivor) []*handoff.Activated {
 			"agent_pid", s.agentPID, "listeners", len(got))
 	}
 	return out
+}
+
+// waitGone waits up to bound for p to exit.
+func waitGone(p workers.Process, bound time.Duration) {
+	pfd, err := handoff.OpenPidfd(p.PID, p.StartTime)
+	if err != nil {
+		return
+	}
+	defer pfd.Close()
+	done := make(chan struct{})
+	go func() { _ = pfd.Wait(); close(done) }()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		pfd.Close() // ends the Wait
+		<-done
+	}
 }
 
 // retire stops every survivor (its stop signal, stop_timeout, then SIGKILL

@@ -35,6 +35,12 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 		return nil, errUpgradeBusy
 	}
 	defer a.upgrading.Unlock()
+	// tableflip refuses an upgrade before this agent is ready.
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	res := &api.UpgradeResult{OldVersion: version.String(), OldPID: os.Getpid(), NewVersion: version.String()}
 	if err := a.waitParent(ctx); err != nil {
 		return nil, err

@@ -19,22 +19,36 @@ var ErrNotSameProcess = errors.New("handoff: not the recorded process")
 // (/proc/PID/stat field 22). With the pid it names one process: a reused pid
 // has a later start time.
 func StartTime(pid int) (uint64, error) {
+	st, _, err := procStat(pid)
+	return st, err
+}
+
+// Running reports whether the process that started at start still runs
+// as pid (not exited, not a zombie).
+func Running(pid int, start uint64) bool {
+	st, state, err := procStat(pid)
+	return err == nil && st == start && state != "Z" && state != "X"
+}
+
+// procStat reads the start time and the state of pid.
+func procStat(pid int) (uint64, string, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	// The command name (field 2) may hold spaces and ')': fields after the
 	// last ')' are plain. Field 3 (state) is the first of them.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no ')'", pid)
+		return 0, "", fmt.Errorf("/proc/%d/stat: no ')'", pid)
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+		return 0, "", fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
 	}
-	return strconv.ParseUint(f[19], 10, 64) // field 22
+	st, err := strconv.ParseUint(f[19], 10, 64) // field 22
+	return st, f[0], err
 }
 
 // Pidfd watches and signals a process that need not be the caller's child

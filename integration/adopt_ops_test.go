@@ -6,8 +6,25 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deployd/deployd/agent/api"
 )
+
+// waitExited waits until every thread of pid has exited (its pidfd polls
+// readable): a zombie leader whose other threads still exit holds its fds.
+func waitExited(t *testing.T, pid int, bound time.Duration) {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, int(bound.Milliseconds())); err != nil || n == 0 {
+		t.Fatalf("process %d still running after %v", pid, bound)
+	}
+}
 
 // slotPIDs maps each slot of app to its current pid.
 func slotPIDs(st *api.Status, app string) map[int]int {
@@ -154,7 +171,9 @@ env = { TESTAPP_ABRUPT_SIGTERM = "1", TESTAPP_TICK = "20ms", TESTAPP_NEVER_READY
 
 func TestAgentKillAfterUpgradeLeavesNoWorkerUnsupervised(t *testing.T) {
 	port := FreePort(t)
-	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
+	// No tick: a worker that writes after its agent died gets SIGPIPE; this
+	// one survives, so the next agent must take its socket back and retire it.
+	a := NewAgentDir(t, bins, appConfig("web", port, 2, `env = { TESTAPP_ABRUPT_SIGTERM = "1" }`))
 	a.UseOwnBinary()
 	a.Start()
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -164,9 +183,7 @@ func TestAgentKillAfterUpgradeLeavesNoWorkerUnsupervised(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for Alive(pid) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitExited(t, pid, 10*time.Second)
 	a.Start()
 	st = a.WaitFor("ready under a fresh agent", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
 	waitAllGone(t, before, 15*time.Second)

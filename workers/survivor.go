@@ -17,8 +17,14 @@ type Process struct {
 	StartTime   uint64         `json:"start_time"`
 	StopSignal  syscall.Signal `json:"stop_signal"`
 	StopTimeout time.Duration  `json:"stop_timeout"`
-	// Listeners are the names of its listening sockets, fds 3, 4, ...
-	Listeners []string `json:"listeners,omitempty"`
+	// Listen are its listening sockets: network and address as configured.
+	Listen []Listen `json:"listen,omitempty"`
+}
+
+// Listen is one listening socket of a worker.
+type Listen struct {
+	Network string `json:"network"`
+	Address string `json:"address"`
 }
 
 // Processes lists every live worker process of the pool (current, starting
@@ -33,7 +39,7 @@ func (s *Supervisor) Processes() []Process {
 			p := Process{Slot: w.Slot, PID: w.PID, StartTime: w.startTime,
 				StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout}
 			for _, l := range w.spec.Listeners {
-				p.Listeners = append(p.Listeners, l.Name)
+				p.Listen = append(p.Listen, Listen{l.Network, l.Address})
 			}
 			out = append(out, p)
 		}
