@@ -194,3 +194,70 @@ func TestAgentKillAfterUpgradeLeavesNoWorkerUnsupervised(t *testing.T) {
 	}
 	t.Logf("adopted workers %v retired by the agent started after the SIGKILL; now %v", keys(before), keys(allWorkerPIDs(st)))
 }
+
+// TestUpgradesWhileWorkersAreKilled is a chaos run: a worker is SIGKILLed
+// every 150 ms while upgrades of all three kinds run. Every upgrade must
+// succeed, the pool must come back whole, and no worker seen on the way
+// may be left running unsupervised.
+func TestUpgradesWhileWorkersAreKilled(t *testing.T) {
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, appConfig("web", port, 3, `[apps.web.restart]
+max_restarts = 1000`))
+	a.UseOwnBinary()
+	a.Start()
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 3) })
+	stop := startLoad(t, port, 20, 2*time.Minute)
+	seen := map[int]bool{}
+	done, stopKills := make(chan struct{}), make(chan struct{})
+	killed := 0
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-time.After(150 * time.Millisecond):
+			case <-stopKills:
+				return
+			}
+			st, err := a.Client.Status(t.Context(), "")
+			if err != nil {
+				continue
+			}
+			ws := appOf(st, "web").Workers
+			if len(ws) == 0 {
+				continue
+			}
+			pid := ws[i%len(ws)].PID
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
+			}
+		}
+	}()
+	kinds := []string{"cli", "sighup", "binary"}
+	for i := 0; i < 10; i++ {
+		for p := range allWorkerPIDs(a.Status()) {
+			seen[p] = true
+		}
+		upgradeBy(t, a, kinds[i%3])
+	}
+	close(stopKills)
+	<-done
+	st := a.WaitFor("whole again", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 3) })
+	ka, nka := stop()
+	final := allWorkerPIDs(st)
+	for p := range seen {
+		if final[p] {
+			continue
+		}
+		for deadline := time.Now().Add(10 * time.Second); Alive(p) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if Alive(p) {
+			t.Errorf("worker %d is still running but no agent lists it", p)
+		}
+	}
+	t.Logf("10 upgrades while %d workers were SIGKILLed: pool whole (%v), %d pids seen; load: keep-alive %s; new-connection %s",
+		killed, keys(final), len(seen), ka, nka)
+	if ka.Requests == 0 || nka.Requests == 0 {
+		t.Error("the load sent no request")
+	}
+}
