@@ -170,7 +170,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 	g.Add(func() error {
 		select {
 		case <-a.upg.Exit():
-			a.log.Info("new agent is ready; draining this one's workers")
+			a.log.Info("new agent is ready; it has the handed-over workers, this one stops the rest and exits")
 			return ErrHandedOff
 		case <-stopUpg:
 			return nil

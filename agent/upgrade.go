@@ -84,7 +84,7 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 		return nil, errors.New(msg)
 	}
 	res.DurationSeconds = time.Since(t).Seconds()
-	a.log.Info("upgrade: new agent ready; draining this one", "new_version", res.NewVersion, "in", time.Since(t).Round(time.Millisecond))
+	a.log.Info("upgrade: new agent ready; this one exits", "new_version", res.NewVersion, "in", time.Since(t).Round(time.Millisecond))
 	return res, nil
 }
 
