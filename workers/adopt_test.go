@@ -3,6 +3,7 @@ package workers
 import (
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -121,4 +122,27 @@ func TestAdoptRefusesAnotherProcess(t *testing.T) {
 	if p := pids(currentWorkers(next)); p[0] == pids(currentWorkers(old))[0] {
 		t.Fatalf("adopted pid %d despite another start time", p[0])
 	}
+}
+
+func TestAdoptNodeIPCWorker(t *testing.T) {
+	spec := testSpec(t, newListener(t), "node-ipc-ready", 1)
+	spec.Ready = ReadyPolicy{Mode: ReadyNodeIPC}
+	old := New(Options{App: "web", Shim: testBinary(t)}, spec)
+	mustStart(t, old)
+	before := pids(currentWorkers(old))
+	hs, err := old.HandOver()
+	if err != nil || len(hs) != 1 || !slices.Contains(hs[0].Streams, "ipc") {
+		t.Fatalf("HandOver: %+v, %v", hs, err)
+	}
+	got := handOverTo(t, hs)
+	old.Release()
+	next := newSupervisor(t, spec)
+	if err := next.Adopt(got); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	if after := pids(currentWorkers(next)); after[0] != before[0] {
+		t.Fatalf("adopted %v, want %v", after, before)
+	}
+	next.Stop()
+	waitFor(t, "adopted worker gone", func() bool { return processGone(before[0]) })
 }
