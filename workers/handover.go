@@ -129,8 +129,9 @@ func (s *Supervisor) HandOver() ([]*Handover, error) {
 		return nil, err
 	}
 	type item struct {
-		sl *slot
-		w  *Worker
+		w *Worker
+		// the slot's counters, read in the loop that owns them
+		restarts, memory, watchdog int
 	}
 	var items []item
 	ho := &handover{op: o, workers: map[*Worker]bool{}}
@@ -140,24 +141,29 @@ func (s *Supervisor) HandOver() ([]*Handover, error) {
 			if w == nil || w.pz == nil || len(sl.extra) > 0 || w.State() != Ready {
 				continue
 			}
-			items = append(items, item{sl, w})
+			items = append(items, item{w, sl.restarts, sl.memoryReplacements, sl.watchdogReplacements})
 			ho.workers[w] = true
 		}
 		st.handover = ho
 	})
 	var out []*Handover
 	for _, it := range items {
-		h := it.w.describe(it.sl)
-		if h != nil {
-			out = append(out, h)
+		h := it.w.describe()
+		if h == nil {
+			// Not described: it keeps being read here, and the next agent
+			// starts a worker for its slot; Release stops this one.
+			o.change(func(*state) { delete(ho.workers, it.w) })
+			continue
 		}
+		h.Restarts, h.MemoryReplacements, h.WatchdogReplacements = it.restarts, it.memory, it.watchdog
+		out = append(out, h)
 	}
 	return out, nil
 }
 
 // describe pauses w's readers and describes it, nil if its notify socket
 // cannot be copied (it is then not handed over: it keeps reading).
-func (w *Worker) describe(sl *slot) *Handover {
+func (w *Worker) describe() *Handover {
 	nf, err := w.notify.File()
 	if err != nil {
 		return nil
@@ -169,7 +175,6 @@ func (w *Worker) describe(sl *slot) *Handover {
 		Status: w.status, StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Pending: pending,
 		files: map[string]*os.File{"notify": nf}}
 	w.mu.Unlock()
-	h.Restarts, h.MemoryReplacements, h.WatchdogReplacements = sl.restarts, sl.memoryReplacements, sl.watchdogReplacements
 	h.Streams = append(h.Streams, "notify")
 	for _, name := range []string{"out", "err", "ipc", "node"} {
 		if f := w.ends[name]; f != nil {
