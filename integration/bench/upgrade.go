@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"syscall"
 	"time"
 )
 
@@ -86,4 +87,16 @@ func (b *bench) reportUpgrades(w io.Writer) {
 			mmm(r.vals(upgradeScenario, sys, "reload_s"), "%.2f"))
 	}
 	fmt.Fprintln(w, t)
+}
+
+// stop stops the agent that serves now (a descendant of the one started),
+// then does what deploydSystem.stop does.
+func (s deploydUpgrader) stop() error {
+	if st, err := s.status(context.Background()); err == nil && st.Agent.PID != s.agent.pid() {
+		_ = syscall.Kill(st.Agent.PID, syscall.SIGTERM)
+		for deadline := time.Now().Add(60 * time.Second); alive(st.Agent.PID) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return s.deploydSystem.stop()
 }
