@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,8 +90,16 @@ func TestHandOverAndAdoptKeepTheProcessAndItsOutput(t *testing.T) {
 	if after := pids(ws); after[0] != before[0] || after[1] != before[1] {
 		t.Fatalf("adopted %v, want %v", after, before)
 	}
-	// Output goes on, continuing the numbering.
+	// Output goes on, continuing the numbering, and so do notify messages.
 	waitFor(t, "ticks read by the adopter", func() bool { return len(ticksOf(ws[0].LastLines())) > 3 })
+	if first := ticksOf(ws[0].LastLines())[0]; first <= 3 {
+		t.Errorf("the adopter's first tick is %d: the numbering restarted", first)
+	}
+	s0 := next.Status().Workers[0].Status
+	waitFor(t, "a new STATUS= through the adopted notify socket", func() bool {
+		s := next.Status().Workers[0].Status
+		return strings.HasPrefix(s, "tick ") && s != s0
+	})
 	if st := next.Status(); st.State != AppRunning || st.Workers[0].State != Ready || st.Workers[0].Uptime < 20*time.Millisecond {
 		t.Errorf("status after adoption: %+v", st)
 	}

@@ -37,7 +37,8 @@ const helperLifetime = 20 * time.Second
 var helpers = map[string]func() int{
 	"serve-ready": serveReady,
 	"exit-now":    exitNow,
-	// ticker is ready, then prints "tick N" every 5 ms until SIGTERM.
+	// ticker is ready, then prints "tick N" (and sends STATUS=tick N) every
+	// 5 ms until SIGTERM.
 	"ticker": func() int {
 		term := notifyTerm()
 		if err := sdNotify("READY=1"); err != nil {
@@ -49,6 +50,7 @@ var helpers = map[string]func() int{
 				return 0
 			case <-time.After(5 * time.Millisecond):
 				fmt.Printf("tick %d\n", n)
+				_ = sdNotify(fmt.Sprintf("STATUS=tick %d", n))
 			}
 		}
 	},
