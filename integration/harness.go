@@ -7,6 +7,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/handoff"
 )
 
 // Binaries are the programs a test run builds once.
@@ -118,6 +120,8 @@ type Agent struct {
 	cmd    *exec.Cmd
 	log    *syncBuffer
 	done   chan struct{}
+	// cleanupSet: killLeftWorkers is registered (once per Agent).
+	cleanupSet bool
 }
 
 // UseOwnBinary makes the agent run from a copy of deployd in its folder, so
@@ -207,8 +211,17 @@ func (a *Agent) Start() {
 	if err := a.cmd.Start(); err != nil {
 		a.t.Fatal(err)
 	}
-	a.done = make(chan struct{})
-	go func() { a.cmd.Wait(); close(a.done) }()
+	// Each start has its own: an agent that handed off may still be
+	// waited for (its successor holds its stdout) when the next starts.
+	cmd, done := a.cmd, make(chan struct{})
+	a.done = done
+	go func() { cmd.Wait(); close(done) }()
+	if !a.cleanupSet {
+		// Workers outlive agents (adoption): after Stop, kill whatever a
+		// failed test left running, by the agents' records.
+		a.cleanupSet = true
+		a.t.Cleanup(a.killLeftWorkers)
+	}
 	a.t.Cleanup(a.Stop)
 	a.t.Cleanup(a.checkRace) // runs after Stop (cleanups run last first)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -223,6 +236,35 @@ func (a *Agent) Start() {
 		case <-ctx.Done():
 			a.t.Fatalf("agent did not answer within 60s\n%s", a.log.String())
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// killLeftWorkers SIGKILLs the process group of every worker recorded in
+// state/agents/*.json that still runs (checked by its start time).
+func (a *Agent) killLeftWorkers() {
+	files, _ := filepath.Glob(filepath.Join(a.Dir, "state", "agents", "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var rec struct {
+			Apps map[string][]struct {
+				PID       int    `json:"pid"`
+				StartTime uint64 `json:"start_time"`
+			} `json:"apps"`
+		}
+		if json.Unmarshal(b, &rec) != nil {
+			continue
+		}
+		for _, ps := range rec.Apps {
+			for _, p := range ps {
+				if st, err := handoff.StartTime(p.PID); err == nil && st == p.StartTime {
+					_ = syscall.Kill(-p.PID, syscall.SIGKILL)
+					_ = syscall.Kill(p.PID, syscall.SIGKILL)
+				}
+			}
 		}
 	}
 }

@@ -1,8 +1,8 @@
 package workers
 
 import (
-	"bufio"
-	"io"
+	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -42,7 +42,18 @@ type Worker struct {
 	// spec is the spec it runs (its stop signal and timeout, listeners).
 	spec *Spec
 
-	proc   *os.Process
+	proc *os.Process // nil for an adopted worker
+	// pidfd watches and signals an adopted worker (started by the
+	// previous agent: not our child); startTime (/proc/PID/stat field 22)
+	// tells it from a process that reuses its pid.
+	pidfd     *handoff.Pidfd
+	startTime uint64
+	// pz pauses the readers of the worker's channels for a handoff; ends
+	// are the agent's ends that a handoff passes (out, err, ipc, node), and
+	// notify its notify socket.
+	pz     *pauser
+	ends   map[string]*os.File
+	notify *handoff.NotifySocket
 	tail   *logs.Tail
 	ready  chan struct{} // closed when ready
 	exited chan struct{} // closed after Wait and after output is drained
@@ -97,6 +108,15 @@ func (w *Worker) markReady() {
 	})
 }
 
+func (w *Worker) isReady() bool {
+	select {
+	case <-w.ready:
+		return true
+	default:
+		return false
+	}
+}
+
 // ReadyAfter is the time from start to ready, 0 if not ready.
 func (w *Worker) ReadyAfter() time.Duration {
 	w.mu.Lock()
@@ -149,11 +169,7 @@ func (w *Worker) stop(state State) {
 	}
 	w.setState(state)
 	// An exited process is not an error: the wait below returns at once.
-	if w.node != nil {
-		w.node.signal(w.PID, w.spec.StopSignal)
-	} else {
-		_ = w.proc.Signal(w.spec.StopSignal)
-	}
+	w.signal(w.spec.StopSignal)
 	t := time.NewTimer(w.spec.StopTimeout)
 	defer t.Stop()
 	select {
@@ -162,6 +178,37 @@ func (w *Worker) stop(state State) {
 		w.killGroup()
 		<-w.exited
 	}
+}
+
+// signal sends sig to the worker: to its group for a node app started
+// through npm, through the pidfd for an adopted one.
+func (w *Worker) signal(sig syscall.Signal) {
+	switch {
+	case w.node != nil:
+		w.node.signal(w.PID, sig)
+	case w.pidfd != nil:
+		_ = w.pidfd.Signal(sig)
+	default:
+		_ = w.proc.Signal(sig)
+	}
+}
+
+// errAdoptedExit is the exit of an adopted worker: only its parent (the
+// previous agent, or init after it) can read its status.
+var errAdoptedExit = errors.New("exited; status unknown: started by the previous agent")
+
+// reap waits for the process to exit: wait(2) for our child, a pidfd poll
+// for an adopted one.
+func (w *Worker) reap() (*os.ProcessState, error) {
+	if w.pidfd == nil {
+		return w.proc.Wait()
+	}
+	err := w.pidfd.Wait()
+	w.pidfd.Close()
+	if err != nil {
+		return nil, fmt.Errorf("watch adopted worker: %w", err)
+	}
+	return nil, errAdoptedExit
 }
 
 // outputGrace is how long a worker's output may stay silent after it exited,
@@ -175,7 +222,7 @@ const (
 
 // wait reaps the process and drains its output.
 func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
-	st, err := w.proc.Wait()
+	st, err := w.reap()
 	if w.node != nil {
 		w.node.await() // npm start: the app's node may outlive npm
 	}
@@ -221,37 +268,40 @@ func (w *Worker) finish() {
 	close(w.exited)
 }
 
-func (w *Worker) capture(wg *sync.WaitGroup, r *os.File, sink *logs.Sink, stream, app string, ready ReadyPolicy) {
+func (w *Worker) capture(wg *sync.WaitGroup, name string, r *os.File, sink *logs.Sink, stream, app string, ready ReadyPolicy) {
 	defer wg.Done()
 	defer r.Close()
 	matchReady := ready.Mode == ReadyLog && ready.Regex != nil
-	_ = logs.Capture(r, 0, func(text string) {
-		w.lines.Add(1)
-		w.tail.Add(text)
-		if sink != nil {
-			sink.Write(logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text})
-		}
-		if matchReady && ready.Regex.MatchString(text) {
-			w.markReady()
-		}
+	w.pz.run(name, func(pending []byte) ([]byte, error) {
+		return logs.CaptureFrom(r, pending, 0, func(text string) {
+			w.lines.Add(1)
+			w.tail.Add(text)
+			if sink != nil {
+				sink.Write(logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text})
+			}
+			if matchReady && ready.Regex.MatchString(text) {
+				w.markReady()
+			}
+		})
 	})
 }
+
+// maxIPCMessage bounds one node-ipc message; a longer one is read in parts
+// (and so never taken for "ready").
+const maxIPCMessage = 1 << 20
 
 // readIPC reads node-ipc messages (JSON lines) and treats "ready" as ready,
 // as PM2's wait_ready does.
 func (w *Worker) readIPC(wg *sync.WaitGroup, f *os.File) {
 	defer wg.Done()
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 4096), 1<<20)
-	for sc.Scan() {
-		if string(sc.Bytes()) == `"ready"` {
-			w.markReady()
-		}
-	}
-	// A message over the limit stops the scanner: keep reading, so the
-	// app's next process.send does not fail.
-	_, _ = io.Copy(io.Discard, f)
+	w.pz.run("ipc", func(pending []byte) ([]byte, error) {
+		return logs.CaptureFrom(f, pending, maxIPCMessage, func(msg string) {
+			if msg == `"ready"` {
+				w.markReady()
+			}
+		})
+	})
 }
 
 func (w *Worker) readyAfterDelay(d time.Duration) {

@@ -14,6 +14,7 @@ func (b *bench) report(w io.Writer) {
 	b.reportSettings(w)
 	b.reportThroughput(w)
 	b.reportReloads(w)
+	b.reportUpgrades(w)
 	b.reportCost(w)
 	b.reportCrash(w)
 	b.goals(w)

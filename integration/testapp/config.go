@@ -22,6 +22,8 @@ type config struct {
 	slow            time.Duration
 	ready           string
 	notifyFromChild bool
+	abruptSIGTERM   bool
+	tick            time.Duration
 }
 
 // envPrefix names the environment variables that set flags: TESTAPP_STARTUP_DELAY=2s is
@@ -43,6 +45,8 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.IntVar(&c.logSpam, "log-spam", 0, "after ready, write this many lines \"line <slot> <pid> <i>\" to stdout")
 	fs.DurationVar(&c.slow, "slow", 0, "add this much latency to every request")
 	fs.StringVar(&c.ready, "ready", "notify", "how to signal readiness: notify, node-ipc, log or delay")
+	fs.BoolVar(&c.abruptSIGTERM, "abrupt-sigterm", false, "on SIGTERM exit at once, cutting open connections (no drain)")
+	fs.DurationVar(&c.tick, "tick", 0, "after ready, write \"tick <slot> <pid> <n>\" (n = 1, 2, ...) to stdout this often")
 	fs.BoolVar(&c.notifyFromChild, "notify-from-child", false, "send READY=1 from a child process (-ready notify)")
 
 	fs.Usage = func() {

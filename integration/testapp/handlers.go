@@ -144,6 +144,21 @@ func (a *app) writeLines(prefix string, n int, stop <-chan struct{}) {
 	}
 }
 
+// ticks writes "tick <slot> <pid> <n>" every d until stop: numbered lines a test finds
+// in the log exactly once each.
+func (a *app) ticks(d time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			a.out.printf("tick %s %d %d\n", a.slot, a.pid, n)
+		}
+	}
+}
+
 // lineWriter serialises writes to stdout so that lines written by concurrent handlers and
 // the log spammer never interleave mid-line. Safe for concurrent use.
 type lineWriter struct {

@@ -99,8 +99,15 @@ func run(args []string) int {
 		})
 	}
 	a.writeLines("line", cfg.logSpam, stop)
+	if cfg.tick > 0 {
+		go a.ticks(cfg.tick, stop)
+	}
 
 	<-stop
+	if cfg.abruptSIGTERM {
+		warnf("exiting at once (-abrupt-sigterm)")
+		return 0
+	}
 	return a.shutdown(srv)
 }
 
