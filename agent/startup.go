@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/release"
+	"github.com/deployd/deployd/workers"
+)
+
+// Startup: the apps of the config get their listeners and logs, then their
+// workers (adopted from the previous agent where it handed them over).
+
+// setup opens every app's listeners and the notify socket. Nothing runs yet.
+func (a *Agent) setup(cfg *config.Config) error {
+	for _, w := range cfg.Warnings {
+		a.log.Warn("config: " + w.String())
+	}
+	for d, what := range map[string]string{cfg.Agent.StateDir: "state (state_dir)", cfg.Agent.LogDir: "app logs (log_dir)"} {
+		if _, err := a.makeDir(d, what); err != nil {
+			return err
+		}
+	}
+	var err error
+	if a.state, err = loadState(cfg.Agent.StateDir); err != nil {
+		return err
+	}
+	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	// Before any app: a handover we cannot read must make this agent give
+	// up, so that the previous one keeps its workers.
+	if a.inherited, err = a.receiveHandover(); err != nil {
+		return fmt.Errorf("read the previous agent's handover: %w", err)
+	}
+	for _, name := range cfg.AppNames {
+		rt, err := a.newApp(cfg.Apps[name])
+		if err != nil {
+			return fmt.Errorf("app %s: %w", name, err)
+		}
+		a.apps[name] = rt
+	}
+	return a.afterSetup() // unused systemd sockets, metrics server
+}
+
+// startWatchingSignals runs startApps while still answering SIGTERM, SIGINT
+// and `deployd shutdown`: then it stops the workers (which ends the wait for
+// readiness at once) and reports stopped. SIGHUP is ignored until ready (a
+// handoff needs a ready agent); SIGUSR1 rotates logs as usual.
+func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}) (stopped bool, err error) {
+	done := make(chan error, 1)
+	go func() { done <- a.startApps() }()
+	for {
+		select {
+		case err := <-done:
+			return false, err
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGHUP:
+				a.log.Warn("SIGHUP ignored: the agent is still starting its workers")
+				continue
+			case syscall.SIGUSR1:
+				a.rotateLogs()
+				continue
+			}
+			a.log.Info("signal received during startup, stopping", "signal", sig)
+		case <-a.shutdown:
+			a.log.Info("shutdown requested during startup")
+		case <-stop:
+		}
+		eachApp(a.appList(), a.stopApp)
+		<-done
+		return true, nil
+	}
+}
+
+// startApps starts every app's workers in parallel and waits for readiness.
+// The error names the apps whose workers were not all ready.
+func (a *Agent) startApps() error {
+	var start []*appRT
+	handed := map[string][]*workers.Handover{}
+	if a.inherited != nil {
+		handed, a.inherited = a.inherited.byApp, nil
+	}
+	// Apps removed or stopped: their workers go once this agent took over.
+	defer func() { a.orphans = handed }()
+	adopt := map[*appRT][]*workers.Handover{}
+	for _, rt := range a.appList() {
+		if hs, ok := handed[rt.name]; ok && !a.state.get(rt.name).Stopped {
+			adopt[rt] = hs
+			delete(handed, rt.name)
+		}
+		if a.state.get(rt.name).Stopped {
+			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
+			continue
+		}
+		start = append(start, rt)
+	}
+	var mu sync.Mutex
+	var errs []error
+	eachApp(start, func(rt *appRT) {
+		t := time.Now()
+		start := rt.sup.Start
+		if hs, ok := adopt[rt]; ok {
+			start = func() error { return rt.sup.Adopt(hs) }
+		}
+		if err := start(); err != nil {
+			a.log.Error("app started with errors", "app", rt.name, "error", err)
+			mu.Lock()
+			defer mu.Unlock()
+			errs = append(errs, fmt.Errorf("app %s: %w", rt.name, err))
+			return
+		}
+		a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances,
+			"in", time.Since(t).Round(time.Millisecond))
+	})
+	return errors.Join(errs...)
+}
