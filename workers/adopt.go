@@ -101,7 +101,10 @@ func (s *Supervisor) LetGo() {
 	})
 }
 
-// startAdopting is startAll with the adopted workers in their slots.
+// startAdopting moves the pool to fresh slots of spec, puts the adopted
+// workers (by slot) in theirs and starts a worker in every other one, then
+// waits until all are ready or ready_timeout passes. Without adopted
+// workers it is startAll.
 func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Handover) error {
 	s := o.s
 	var slots []*slot

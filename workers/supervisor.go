@@ -9,8 +9,6 @@
 package workers
 
 import (
-	"errors"
-	"fmt"
 	"sync"
 	"syscall"
 	"time"
@@ -201,38 +199,7 @@ func (s *Supervisor) stop() {
 
 // startAll moves the pool to fresh slots of spec and starts a worker in
 // each, then waits until all are ready or ready_timeout passes.
-func (o *op) startAll(spec *Spec) error {
-	s := o.s
-	var slots []*slot
-	o.change(func(st *state) {
-		slots = newSlots(0, spec.Instances, spec)
-		s.setApp(st, AppStarting, func() { st.spec, st.slots = spec, slots })
-	})
-	var started []*Worker
-	var errs []error
-	for _, sl := range slots {
-		w, err := spawn(s.args(), spec, sl.index)
-		if err != nil {
-			// The crash policy retries it like a worker that exited at once.
-			errs = append(errs, fmt.Errorf("worker %d: %w", sl.index, err))
-			dw := deadWorker(sl.index, spec, err)
-			o.publish(Event{Type: EventFailed, Slot: sl.index, Release: spec.Release, Message: err.Error()},
-				func(st *state) { sl.cur = dw; s.watch(sl, dw) })
-			continue
-		}
-		s.log.Info("worker started", "worker", sl.index, "pid", w.PID, "release", spec.Release)
-		o.publish(Event{Type: EventStarted, Slot: sl.index, PID: w.PID, Release: spec.Release},
-			func(st *state) { sl.cur = w; st.sampleOne(s.fs, w); s.watch(sl, w) })
-		started = append(started, w)
-	}
-	errs = append(errs, o.waitAllReady(started, spec)...)
-	o.change(func(st *state) {
-		if st.app == AppStarting {
-			s.setApp(st, AppRunning, nil)
-		}
-	})
-	return errors.Join(errs...)
-}
+func (o *op) startAll(spec *Spec) error { return o.startAdopting(spec, nil, nil) }
 
 // waitAllReady waits for every worker of ws, publishing each ready one.
 func (o *op) waitAllReady(ws []*Worker, spec *Spec) []error {
