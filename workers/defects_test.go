@@ -90,27 +90,6 @@ func TestAbandonedAfterFailedRollbackSaysWhatServes(t *testing.T) {
 	if len(st.Workers) != 2 || st.Workers[0].Release != "v2" || st.Workers[1].Release != "v1" {
 		t.Errorf("after a failed rollback: %+v", st.Workers)
 	}
-	// Slot 0 serves v2's listeners: the agent must not close them.
-	if live := s.LiveListeners(); !slices.Contains(live, l2) || !slices.Contains(live, spec.Listeners[0].Listener) {
-		t.Errorf("LiveListeners = %v, want v1's and v2's", live)
-	}
-}
-
-// After a reload that succeeded, only the new spec's listeners are live.
-func TestLiveListenersAfterReload(t *testing.T) {
-	t.Parallel()
-	spec := testSpec(t, newListener(t), "serve-ready", 1)
-	s := newSupervisor(t, spec)
-	mustStart(t, s)
-	spec2 := nextSpec(spec, "serve-ready")
-	l2 := newListener(t)
-	spec2.Listeners = []handoff.Bound{{Listener: l2, Name: "web"}}
-	if err := s.Reload(spec2, Rolling, nil); err != nil {
-		t.Fatal(err)
-	}
-	if live := s.LiveListeners(); !slices.Equal(live, []*handoff.Listener{l2}) {
-		t.Errorf("LiveListeners = %v, want only v2's %v", live, l2)
-	}
 }
 
 // Status right after Start shows the memory of the ready workers: the loop

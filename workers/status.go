@@ -4,8 +4,6 @@ import (
 	"slices"
 	"sort"
 	"time"
-
-	"github.com/deployd/deployd/handoff"
 )
 
 // WorkerStatus is a snapshot of one worker.
@@ -81,29 +79,4 @@ func (in *state) workerStatus(w *Worker, now time.Time) WorkerStatus {
 		ws.ReadyAfter = w.readyAt.Sub(w.Started)
 	}
 	return ws
-}
-
-// LiveListeners returns every listener a worker of the pool may serve: those
-// of the app's spec and of every spec a slot or a worker still runs. After
-// a rollback that failed part-way, some slots keep the new version and its
-// listeners: the agent must not close any listener listed here.
-func (s *Supervisor) LiveListeners() []*handoff.Listener {
-	var out []*handoff.Listener
-	add := func(spec *Spec) {
-		for _, l := range spec.Listeners {
-			if !slices.Contains(out, l.Listener) {
-				out = append(out, l.Listener)
-			}
-		}
-	}
-	s.read(func(st *state) {
-		add(st.spec)
-		for _, sl := range st.slots {
-			add(sl.spec)
-		}
-		for _, w := range st.workers() {
-			add(w.spec)
-		}
-	})
-	return out
 }
