@@ -72,6 +72,9 @@ type Options struct {
 	Shim     string // the deployd binary (LISTEN_PID shim)
 	Out, Err *logs.Sink
 	Logger   hclog.Logger
+	// NotifyDir is the folder of the workers' NOTIFY_SOCKET paths, one
+	// private folder per worker inside; "" gives abstract sockets.
+	NotifyDir string
 }
 
 // Supervisor keeps one app's workers running. Its state is owned by one
@@ -121,6 +124,7 @@ func (s *Supervisor) Spec() *Spec {
 func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
+		notifyDir: s.opts.NotifyDir, log: s.log,
 	}
 }
 
