@@ -39,10 +39,13 @@ type Spec struct {
 	Instances    int
 	Ready        ReadyPolicy
 	ReadyTimeout time.Duration
-	StopSignal   syscall.Signal
-	StopTimeout  time.Duration
-	Restart      RestartPolicy
-	MaxSurge     int
+	// MinReady is how long a new worker of an operation must stay up after
+	// ready before the worker it replaces is stopped (a bake time).
+	MinReady    time.Duration
+	StopSignal  syscall.Signal
+	StopTimeout time.Duration
+	Restart     RestartPolicy
+	MaxSurge    int
 	// MaxMemory (bytes) and Watchdog, when > 0, make the supervisor replace
 	// a worker over the limit or silent for longer, the graceful way.
 	MaxMemory int64
