@@ -106,8 +106,9 @@ func configCommand() *cli.Command {
 					for _, l := range a.Listen {
 						ls = append(ls, l.URL)
 					}
-					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, node %s\n",
-						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw, nodeMode(a))
+					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
+						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw,
+						a.MinReady, a.TCPNoDelay, nodeMode(a))
 				}
 				return nil
 			},

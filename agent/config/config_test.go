@@ -77,6 +77,9 @@ func TestErrors(t *testing.T) {
 		// wrong types
 		{"type int", web + `max_surge = "2"`, 3, `apps.web.max_surge = "2"`, "found a string, want an integer; write it like max_surge = 1"},
 		{"type bool", web + `nonblocking = "yes"`, 3, "apps.web.nonblocking", "want true or false"},
+		{"tcp_nodelay type", web + `tcp_nodelay = "off"`, 3, "apps.web.tcp_nodelay", "want true or false"},
+		{"min_ready negative", web + `min_ready = "-1s"`, 3, "apps.web.min_ready", "must not be negative"},
+		{"min_ready unit", web + `min_ready = "2"`, 3, "apps.web.min_ready", "not a duration"},
 		{"type array", "[apps.web]\ncommand = \"./server\"", 2, "apps.web.command", `want an array of strings; write it like command = ["./server", "-v"]`},
 		{"type array elem", "[apps.web]\ncommand = [\"./server\", 1]", 2, "apps.web.command", "want an array of strings"},
 		{"type env", web + "env = 5", 3, "apps.web.env = 5", `want a table; write it like env = { MODE = "prod" }`},
@@ -265,6 +268,8 @@ func TestDefaults(t *testing.T) {
 		"spec":          {got.InstancesSpec, "max"},
 		"ready":         {got.Ready.Mode, ReadyNotify},
 		"ready_timeout": {got.ReadyTimeout, 30 * time.Second},
+		"min_ready":     {got.MinReady, time.Second},
+		"tcp_nodelay":   {got.TCPNoDelay, true},
 		"stop_signal":   {got.StopSignal, syscall.SIGTERM},
 		"max_surge":     {got.MaxSurge, 1},
 		"keep_releases": {got.KeepReleases, 5},
