@@ -88,8 +88,8 @@ func run(args []string) int {
 	}
 	if cfg.crashAfter > 0 {
 		time.AfterFunc(cfg.crashAfter, func() {
-			warnf("crashing %v after ready (-crash-after)", cfg.crashAfter)
-			os.Exit(exitFailure)
+			warnf("exiting with %d %v after ready (-crash-after)", cfg.crashCode, cfg.crashAfter)
+			os.Exit(cfg.crashCode)
 		})
 	}
 	a.writeLines("line", cfg.logSpam, stop)
