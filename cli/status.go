@@ -102,13 +102,29 @@ func printStatus(out io.Writer, st *api.Status) {
 				fmt.Fprintf(out, "%s[%d] pid %d: %s\n", a.Name, w.Slot, w.PID, w.Status)
 			}
 		}
-		if a.LastExit != "" && a.State == "errored" {
+		switch {
+		case a.LastExit == "":
+		case a.State == "errored":
 			fmt.Fprintf(out, "last exit: %s\n", a.LastExit)
 			for _, l := range a.LastLines {
 				fmt.Fprintf(out, "  | %s\n", l)
 			}
+		case anyExited(a) && len(a.LastLines) > 0: // crashed, a restart is due
+			fmt.Fprintf(out, "\n%s: last exit: %s\n  | %s\n", a.Name, a.LastExit, a.LastLines[len(a.LastLines)-1])
+		case anyExited(a):
+			fmt.Fprintf(out, "\n%s: last exit: %s\n", a.Name, a.LastExit)
 		}
 	}
+}
+
+// anyExited reports whether a worker of a has exited (and is not replaced yet).
+func anyExited(a api.App) bool {
+	for _, w := range a.Workers {
+		if w.State == "exited" {
+			return true
+		}
+	}
+	return false
 }
 
 func fmtDuration(sec float64) string {
