@@ -78,6 +78,9 @@ func printStatus(out io.Writer, st *api.Status) {
 	}
 	tw.Flush()
 	for _, a := range st.Apps {
+		for _, w := range a.Warnings {
+			fmt.Fprintf(out, "\n%s: warning: listener %s\n", a.Name, w)
+		}
 		if a.DroppedLogLines > 0 {
 			fmt.Fprintf(out, "\n%s: %d log lines dropped (log_dir full or too slow; the log marks where)\n", a.Name, a.DroppedLogLines)
 		}

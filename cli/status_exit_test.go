@@ -40,3 +40,14 @@ func TestStatusShowsLastExit(t *testing.T) {
 		}
 	}
 }
+
+// An accept-queue warning shows under the table.
+func TestStatusShowsQueueWarning(t *testing.T) {
+	st := &api.Status{Apps: []api.App{{Name: "web", State: "running",
+		Warnings: []string{"tcp 127.0.0.1:8080: 12 connections wait in the accept queue"}}}}
+	var b bytes.Buffer
+	printStatus(&b, st)
+	if !strings.Contains(b.String(), "web: warning: listener tcp 127.0.0.1:8080: 12 connections wait") {
+		t.Errorf("status lacks the warning:\n%s", b.String())
+	}
+}

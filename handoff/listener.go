@@ -239,6 +239,24 @@ func (l *Listener) SetNoDelay(on bool) error {
 	return nil
 }
 
+// AcceptQueue returns how many connections wait in a TCP listener's accept
+// queue and its backlog (TCP_INFO of a listening socket: tcpi_unacked and
+// tcpi_sacked). ok is false for a unix listener or a closed one.
+func (l *Listener) AcceptQueue() (queued, backlog int, ok bool) {
+	if l.Network == "unix" {
+		return 0, 0, false
+	}
+	fd, err := l.Fd()
+	if err != nil {
+		return 0, 0, false
+	}
+	info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, 0, false
+	}
+	return int(info.Unacked), int(info.Sacked), true
+}
+
 // LocalAddr returns the bound address (a configured port 0 shows the real one).
 func (l *Listener) LocalAddr() (string, error) {
 	fd, err := l.Fd()

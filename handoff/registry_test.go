@@ -197,3 +197,31 @@ func TestRegistryTCPNoDelay(t *testing.T) {
 		t.Errorf("with tcp_nodelay = false: accepted connection TCP_NODELAY = %d, want 0", v)
 	}
 }
+
+// AcceptQueue counts the connections no one accepted yet.
+func TestAcceptQueue(t *testing.T) {
+	l, err := Open("tcp", "127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	addr, _ := l.LocalAddr()
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, backlog, ok := l.AcceptQueue()
+		if ok && n == 2 && backlog > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("AcceptQueue() = %d, %d, %v; want 2 queued", n, backlog, ok)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -9,6 +9,7 @@ import (
 // that sample. Run by the loop every sampleInterval.
 func (s *Supervisor) tick(st *state) {
 	st.sampleAll(s.fs)
+	s.checkQueues(st)
 	if st.op != nil || st.closing || st.app == AppStopped || st.app == AppStopping {
 		return // the next tick after the operation checks again
 	}
