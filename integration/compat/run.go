@@ -83,7 +83,9 @@ func (h *harness) runServer(s *server) (res result) {
 		k, n := ka.Stop(), nka.Stop()
 		res.p50 = k.P50
 		if k.Failures+n.Failures > 0 {
-			fmt.Fprintf(os.Stderr, "compat: %s: errors: %s\n", s.name, strings.Join(append(k.Errors, n.Errors...), "; "))
+			errs := append(k.Errors, n.Errors...)
+			fmt.Fprintf(os.Stderr, "compat: %s: %d failed, e.g. %s\n", s.name, k.Failures+n.Failures,
+				strings.Join(errs[:min(len(errs), 3)], "; "))
 		}
 	}()
 	time.Sleep(time.Second) // a baseline under load before the first reload

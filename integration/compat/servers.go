@@ -27,7 +27,7 @@ func servers() []server {
 	return []server{
 		{
 			name: "gunicorn (sync) + WSGI", apt: []string{"python3-gunicorn"},
-			probe: []string{python, "-c", "import gunicorn"}, version: []string{python, "-m", "gunicorn", "--version"},
+			probe: []string{python, "-c", "import gunicorn"}, version: []string{python, "-c", "import gunicorn; print('gunicorn', gunicorn.__version__)"},
 			ready: "notify", settings: "`--preload`, `--workers 1` per deployd worker",
 			argv: func(*harness) []string {
 				return []string{python, "-m", "gunicorn", "--workers", "1", "--preload", "wsgi:app"}
@@ -36,7 +36,7 @@ func servers() []server {
 		{
 			name: "gunicorn + uvicorn workers (ASGI)", apt: []string{"python3-gunicorn", "python3-uvicorn"},
 			probe:   []string{python, "-c", "import gunicorn, uvicorn.workers"},
-			version: []string{python, "-m", "uvicorn", "--version"},
+			version: []string{python, "-c", "import gunicorn, uvicorn; print('gunicorn', gunicorn.__version__, 'uvicorn', uvicorn.__version__)"},
 			ready:   "notify", settings: "`-k uvicorn.workers.UvicornWorker --preload`",
 			argv: func(*harness) []string {
 				return []string{python, "-m", "gunicorn", "--workers", "1", "--preload", "-k", "uvicorn.workers.UvicornWorker", "asgi:app"}
@@ -44,7 +44,7 @@ func servers() []server {
 		},
 		{
 			name: "uvicorn (ASGI)", apt: []string{"python3-uvicorn"},
-			probe: []string{python, "-c", "import uvicorn"}, version: []string{python, "-m", "uvicorn", "--version"},
+			probe: []string{python, "-c", "import uvicorn"}, version: []string{python, "-c", "import uvicorn; print('uvicorn', uvicorn.__version__)"},
 			ready: "log:Application startup complete", settings: "`--fd 3`; `tcp_nodelay` (default) matters",
 			argv: func(*harness) []string {
 				return []string{python, "-m", "uvicorn", "--fd", "3", "asgi:app"}
@@ -59,7 +59,7 @@ func servers() []server {
 			},
 		},
 		{
-			name: "Go net/http + package worker", probe: []string{"go", "version"}, version: []string{"go", "version"},
+			name: "Go net/http + package worker", probe: []string{"go", "version"}, version: []string{"go", "env", "GOVERSION"},
 			ready: "notify", settings: "`worker.ServeHTTP(srv)`",
 			argv: func(h *harness) []string { return []string{h.goapp} },
 		},
