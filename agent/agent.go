@@ -347,6 +347,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 		return err
 	}
 	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {

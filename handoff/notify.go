@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -80,6 +81,27 @@ func ListenNotify(base string, uid int) (*NotifySocket, error) {
 	}
 	s.fallback = fallback
 	return s, nil
+}
+
+// RemoveStaleNotify removes the folders in base whose notify socket no one
+// has bound any more (left by an agent that was killed). A socket still
+// bound, e.g. one a previous agent handed over with its workers, is kept.
+func RemoveStaleNotify(base string) {
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		dir := filepath.Join(base, e.Name())
+		c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: filepath.Join(dir, "notify"), Net: "unixgram"})
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+			os.RemoveAll(dir)
+		}
+	}
 }
 
 // listenNotifyPath makes base/name/notify, owned by uid.

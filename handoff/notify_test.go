@@ -308,3 +308,29 @@ func TestIPCChannel(t *testing.T) {
 		t.Errorf("%d descriptors before, %d after", before, after)
 	}
 }
+
+// A folder whose socket no one binds any more is removed; a live one stays.
+func TestRemoveStaleNotify(t *testing.T) {
+	base := shortDir(t)
+	live, err := ListenNotify(base, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	stale, err := ListenNotify(base, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staleDir := filepath.Dir(stale.Addr())
+	stale.conn.Close() // as a killed agent leaves it: the file stays, nobody bound
+	if _, err := os.Stat(stale.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	RemoveStaleNotify(base)
+	if _, err := os.Stat(staleDir); !os.IsNotExist(err) {
+		t.Errorf("stale folder %s still there (%v)", staleDir, err)
+	}
+	if _, err := os.Stat(live.Addr()); err != nil {
+		t.Errorf("the live socket was removed: %v", err)
+	}
+}
