@@ -115,6 +115,7 @@ func listenNotifyPath(base, name string, uid int) (*NotifySocket, error) {
 	if err := os.MkdirAll(base, 0o711); err != nil {
 		return nil, fmt.Errorf("notify folder: %w", err)
 	}
+	_ = os.Chmod(base, 0o711) // whatever the agent's umask (best effort: base may not be ours)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("notify folder: %w", err)
 	}
