@@ -112,18 +112,19 @@ func printStatus(out io.Writer, st *api.Status) {
 			for _, l := range a.LastLines {
 				fmt.Fprintf(out, "  | %s\n", l)
 			}
-		case anyExited(a) && len(a.LastLines) > 0: // crashed, a restart is due
+		case crashing(a) && len(a.LastLines) > 0:
 			fmt.Fprintf(out, "\n%s: last exit: %s\n  | %s\n", a.Name, a.LastExit, a.LastLines[len(a.LastLines)-1])
-		case anyExited(a):
+		case crashing(a):
 			fmt.Fprintf(out, "\n%s: last exit: %s\n", a.Name, a.LastExit)
 		}
 	}
 }
 
-// anyExited reports whether a worker of a has exited (and is not replaced yet).
-func anyExited(a api.App) bool {
+// crashing reports whether a worker of a has crashed and is not serving
+// again yet: exited (a restart is due), or restarted and still starting.
+func crashing(a api.App) bool {
 	for _, w := range a.Workers {
-		if w.State == "exited" {
+		if w.State == "exited" || (w.State == "starting" && w.Restarts > 0) {
 			return true
 		}
 	}

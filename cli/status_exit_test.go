@@ -21,11 +21,13 @@ func TestStatusShowsLastExit(t *testing.T) {
 			[]string{"first line"}},
 		{"errored", "errored", "exited",
 			[]string{"web is errored", "last exit: worker 0 (pid 42): exit status 3", "  | first line", "  | cannot load config: boom"}, nil},
+		{"restarting", "running", "starting",
+			[]string{"web: last exit: worker 0 (pid 42): exit status 3", "  | cannot load config: boom"}, nil},
 		{"serving again", "running", "ready", nil, []string{"last exit"}},
 	} {
 		st := &api.Status{Apps: []api.App{{Name: "web", State: tc.state, LastExit: "worker 0 (pid 42): exit status 3",
 			LastLines: []string{"first line", "cannot load config: boom"},
-			Workers:   []api.Worker{{Slot: 0, PID: 42, State: tc.worker}}}}}
+			Workers:   []api.Worker{{Slot: 0, PID: 42, State: tc.worker, Restarts: 1}}}}}
 		var b bytes.Buffer
 		printStatus(&b, st)
 		for _, w := range tc.want {
