@@ -28,6 +28,7 @@ import (
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/release"
+	"github.com/deployd/deployd/workers"
 )
 
 // Options configure Run.
@@ -77,7 +78,19 @@ type Agent struct {
 
 	state    *stateFile
 	releases *release.Store
-	sys      sysState // the metrics server (metrics.go)
+	// inherited is the previous agent's handover (nil without one): the
+	// workers startApps adopts. Set by setup.
+	inherited *received
+	orphans   map[string][]*workers.Handover // handed over for apps this agent does not run
+	changed   chan struct{}                  // wakes the recorder (survivors.go)
+	retiring  sync.WaitGroup                 // retireLater in flight
+	// found are the workers dead agents left, foundRecords their records
+	// (survivors.go): retired once this agent's workers are ready.
+	found        []survivor
+	foundRecords []string
+	sys          sysState // the metrics server (metrics.go)
+
+	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -103,11 +116,19 @@ func Run(opts Options) error {
 	a := &Agent{
 		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, path: cfg.Path, settings: cfg.Agent,
 		upg: upg, apps: map[string]*appRT{}, shutdown: make(chan struct{}), ready: make(chan struct{}),
+		changed: make(chan struct{}, 1),
 	}
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
-	a.reg = handoff.NewRegistry(upg.Fds(), a.activation(), log)
+	socks := a.activation()
+	if !upg.HasParent() {
+		// Workers a killed agent left: their sockets first (still bound),
+		// retired once this agent's own workers are ready (survivors.go).
+		a.found, a.foundRecords = a.survivors()
+		socks = append(socks, a.survivorSockets(a.found)...)
+	}
+	a.reg = handoff.NewRegistry(upg.Fds(), socks, log)
 	// Signals first, so a SIGTERM during startup is not lost.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
@@ -151,7 +172,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 	g.Add(func() error {
 		select {
 		case <-a.upg.Exit():
-			a.log.Info("new agent is ready; draining this one's workers")
+			a.log.Info("new agent is ready; it has the handed-over workers, this one stops the rest and exits")
 			return ErrHandedOff
 		case <-stopUpg:
 			return nil
@@ -178,13 +199,22 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 	})
 	stopStatus := make(chan struct{})
 	g.Add(func() error { a.statusUpdates(stopStatus); return nil }, func(error) { close(stopStatus) })
+	stopRec := make(chan struct{})
+	g.Add(func() error {
+		select {
+		case <-a.ready:
+			a.recorder(stopRec)
+		case <-stopRec:
+		}
+		return nil
+	}, func(error) { close(stopRec) })
 	stopLoop := make(chan struct{})
 	g.Add(func() error { return a.loop(sigs, stopLoop, onReady) }, func(error) { close(stopLoop) })
 	return &g
 }
 
 // teardown is the one way out: it stops every app's workers (after a
-// handoff they are drained, the new agent has its own), stops the metrics
+// handoff only those the new agent did not get: it adopted the others), stops the metrics
 // server, closes the agent's copies of the listeners and log files, and
 // stops the upgrader, except in a new agent that gave up (that would unlink
 // the sockets the previous agent serves). With removeFiles (a real
@@ -192,11 +222,18 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 // serves them.
 func (a *Agent) teardown(handedOff, removeFiles bool) {
 	a.upgWG.Wait()
-	eachApp(a.appList(), func(rt *appRT) { rt.sup.Stop() })
+	eachApp(a.appList(), func(rt *appRT) {
+		if handedOff {
+			rt.sup.Release() // the handed-over workers run on under the new agent
+		} else {
+			a.stopApp(rt)
+		}
+	})
 	a.stopSys()
 	if removeFiles {
 		_ = os.Remove(a.socket)
 		a.reg.RemoveSocketFiles()
+		a.removeCreatedRunDir()
 	}
 	for _, rt := range a.appList() {
 		rt.closeLogs()
@@ -207,6 +244,8 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 	if handedOff || !a.quiet.Load() {
 		a.upg.Stop()
 	}
+	a.retiring.Wait()
+	a.removeRecord() // every worker is stopped, or recorded by the next agent
 }
 
 // load loads the config and resolves the agent's own binary once: it is
@@ -249,6 +288,13 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 	a.log.Info("agent ready", "apps", len(a.appList()), "startup", time.Since(t0).Round(time.Millisecond),
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
+	// Recorded before the previous agent may exit: if this one is killed
+	// from now on, the next one finds every worker (survivors.go).
+	if err := a.writeRecord(a.processes()); err != nil {
+		a.log.Warn("record the running workers", "error", err)
+	}
+	a.retiring.Go(a.retireLater)
+	a.retiring.Go(a.stopLeftovers)
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if err := a.upg.Ready(); err != nil {
@@ -281,6 +327,16 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 }
 
+// stopApp stops rt's workers; in a new agent that has not taken over it
+// leaves those it adopted to the previous agent, which keeps them.
+func (a *Agent) stopApp(rt *appRT) {
+	if a.quiet.Load() {
+		rt.sup.LetGo()
+		return
+	}
+	rt.sup.Stop()
+}
+
 // ErrHandedOff is returned by Run when a new agent took over (upgrade).
 var ErrHandedOff = errors.New("agent: handed off to a new agent")
 
@@ -293,9 +349,11 @@ func (a *Agent) requestShutdown() {
 // with socket_group.
 func (a *Agent) listenControl() (net.Listener, error) {
 	path := a.socket
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	created, err := a.makeDir(filepath.Dir(path), "control socket")
+	if err != nil {
+		return nil, err
 	}
+	a.createdRunDir = created
 	if ln, err := a.upg.Fds().Listener("unix", path); err == nil && ln != nil {
 		return ln, nil // inherited from the previous agent
 	}
@@ -337,9 +395,12 @@ func (a *Agent) listenControl() (net.Listener, error) {
 
 // setup opens every app's listeners and the notify socket. Nothing runs yet.
 func (a *Agent) setup(cfg *config.Config) error {
-	for _, d := range []string{cfg.Agent.StateDir, cfg.Agent.LogDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", d, err)
+	for _, w := range cfg.Warnings {
+		a.log.Warn("config: " + w.String())
+	}
+	for d, what := range map[string]string{cfg.Agent.StateDir: "state (state_dir)", cfg.Agent.LogDir: "app logs (log_dir)"} {
+		if _, err := a.makeDir(d, what); err != nil {
+			return err
 		}
 	}
 	var err error
@@ -347,6 +408,11 @@ func (a *Agent) setup(cfg *config.Config) error {
 		return err
 	}
 	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	// Before any app: a handover we cannot read must make this agent give
+	// up, so that the previous one keeps its workers.
+	if a.inherited, err = a.receiveHandover(); err != nil {
+		return fmt.Errorf("read the previous agent's handover: %w", err)
+	}
 	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
@@ -383,7 +449,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 			a.log.Info("shutdown requested during startup")
 		case <-stop:
 		}
-		eachApp(a.appList(), func(rt *appRT) { rt.sup.Stop() })
+		eachApp(a.appList(), a.stopApp)
 		<-done
 		return true, nil
 	}
@@ -393,7 +459,18 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 // The error names the apps whose workers were not all ready.
 func (a *Agent) startApps() error {
 	var start []*appRT
+	handed := map[string][]*workers.Handover{}
+	if a.inherited != nil {
+		handed, a.inherited = a.inherited.byApp, nil
+	}
+	// Apps removed or stopped: their workers go once this agent took over.
+	defer func() { a.orphans = handed }()
+	adopt := map[*appRT][]*workers.Handover{}
 	for _, rt := range a.appList() {
+		if hs, ok := handed[rt.name]; ok && !a.state.get(rt.name).Stopped {
+			adopt[rt] = hs
+			delete(handed, rt.name)
+		}
 		if a.state.get(rt.name).Stopped {
 			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
 			continue
@@ -404,7 +481,11 @@ func (a *Agent) startApps() error {
 	var errs []error
 	eachApp(start, func(rt *appRT) {
 		t := time.Now()
-		if err := rt.sup.Start(); err != nil {
+		start := rt.sup.Start
+		if hs, ok := adopt[rt]; ok {
+			start = func() error { return rt.sup.Adopt(hs) }
+		}
+		if err := start(); err != nil {
 			a.log.Error("app started with errors", "app", rt.name, "error", err)
 			mu.Lock()
 			defer mu.Unlock()

@@ -22,7 +22,7 @@ import (
 const (
 	// logsFlushTimeout bounds how long a log call waits for the sinks to
 	// write what they hold, so that lines printed just before show up.
-	logsFlushTimeout = time.Second
+	logsFlushTimeout = 5 * time.Second
 	// logStreamFlush is how often a following answer is flushed to the client.
 	logStreamFlush = 50 * time.Millisecond
 	// maxJoinSearch bounds the bytes tailFrom reads to find where the last

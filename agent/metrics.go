@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/procfs"
 
+	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/workers"
 )
@@ -44,8 +45,7 @@ func (a *Agent) startMetrics(addr string) error {
 	if err == nil && ln == nil {
 		ln, err = net.Listen("tcp", addr)
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return fmt.Errorf("metrics %s: the address is taken by another process; stop it, or change "+
-				"[agent] metrics (remove the line to turn metrics off): %w", addr, err)
+			return &handoff.AddrInUseError{URL: "[agent] metrics " + addr, Holder: handoff.Holder("tcp", addr), Err: err}
 		}
 		if err == nil {
 			if err = a.upg.Fds().AddListener("tcp", addr, ln.(*net.TCPListener)); err != nil {

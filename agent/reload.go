@@ -51,6 +51,9 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		st.event(workers.Event{Time: time.Now(), App: "agent", Type: workers.EventKind(api.EventNotice),
 			Message: "[agent] settings changed; they take effect at the next agent start or `deployd upgrade`"})
 	}
+	for _, p := range cfg.Warnings {
+		st.event(workers.Event{Time: time.Now(), App: "config", Type: workers.EventKind(api.EventNotice), Message: p.String()})
+	}
 	results := a.reloadApps(cfg, names, strategy, st.event)
 	if all {
 		results = append(results, a.removeApps(cfg, st.event)...)

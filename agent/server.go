@@ -51,8 +51,10 @@ func (a *Agent) routes() http.Handler {
 		peer := peerOf(r.Context())
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxRequestBytes))
 		kv := []any{"call", r.Method + " " + r.URL.RequestURI(), "request", summarize(body)}
+		var who []any // how the operation's log lines name the caller
 		if peer != nil {
 			kv = append(kv, "uid", peer.UID, "gid", peer.GID, "pid", peer.PID, "role", peer.Role.String())
+			who = []any{"uid", peer.UID, "client_pid", peer.PID}
 		}
 		if err != nil {
 			var mbe *http.MaxBytesError
@@ -70,7 +72,9 @@ func (a *Agent) routes() http.Handler {
 		}
 		log.Info("control request", kv...)
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		mux.ServeHTTP(w, r)
+		ow := newOpWriter(w, r, log, who)
+		mux.ServeHTTP(ow, r)
+		ow.finish()
 	})
 }
 
@@ -111,6 +115,11 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if errors.As(err, &mbe) {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request too large: the limit is %d bytes", mbe.Limit))
 		return false
+	}
+	if err == nil {
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = errors.New("data after the JSON value")
+		}
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad request: the body is not valid JSON for this call: "+err.Error())
@@ -174,17 +183,25 @@ type stream struct {
 	mu sync.Mutex
 	w  http.ResponseWriter
 	rc *http.ResponseController
+	op *opWriter // logs the operation; nil outside a control request
 }
 
 func newStream(w http.ResponseWriter) *stream {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
-	return &stream{w: w, rc: http.NewResponseController(w)}
+	op := opOf(w)
+	if op != nil {
+		op.streamStarted()
+	}
+	return &stream{w: w, rc: http.NewResponseController(w), op: op}
 }
 
 func (s *stream) send(l api.StreamLine) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.op != nil {
+		s.op.logLine(l)
+	}
 	// A client that went away does not stop the operation.
 	_ = json.NewEncoder(s.w).Encode(l)
 	_ = s.rc.Flush()

@@ -27,11 +27,20 @@ var errUpgradeBusy = errors.New("an agent upgrade is already running; wait for i
 // previous binary is restored if anything fails. It returns when the new
 // agent is ready (this agent then drains and exits) or has failed (this one
 // keeps serving).
-func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Check) (*api.UpgradeResult, error) {
+//
+// The new agent adopts the running workers (handover.go) unless
+// restartWorkers: then it starts its own and this one drains its workers.
+func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Check, restartWorkers bool) (*api.UpgradeResult, error) {
 	if !a.upgrading.TryLock() {
 		return nil, errUpgradeBusy
 	}
 	defer a.upgrading.Unlock()
+	// tableflip refuses an upgrade before this agent is ready.
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	res := &api.UpgradeResult{OldVersion: version.String(), OldPID: os.Getpid(), NewVersion: version.String()}
 	if err := a.waitParent(ctx); err != nil {
 		return nil, err
@@ -54,7 +63,15 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	}
 	a.log.Info("upgrade: starting a new agent", "binary", a.shim)
 	t := time.Now()
-	if err := a.upg.Upgrade(); err != nil {
+	h, err := a.handOver(restartWorkers)
+	if err == nil {
+		if err = a.upg.Upgrade(); err != nil {
+			h.failed()
+		} else {
+			h.succeeded()
+		}
+	}
+	if err != nil {
 		msg := fmt.Sprintf("the new agent did not get ready (%v); this agent (pid %d) keeps serving", err, os.Getpid())
 		if swapped {
 			if rerr := selfupdate.Restore(a.shim); rerr != nil {
@@ -67,7 +84,7 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 		return nil, errors.New(msg)
 	}
 	res.DurationSeconds = time.Since(t).Seconds()
-	a.log.Info("upgrade: new agent ready; draining this one", "new_version", res.NewVersion, "in", time.Since(t).Round(time.Millisecond))
+	a.log.Info("upgrade: new agent ready; this one exits", "new_version", res.NewVersion, "in", time.Since(t).Round(time.Millisecond))
 	return res, nil
 }
 
@@ -141,7 +158,7 @@ func (a *Agent) handleUpgrade(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		var res *api.UpgradeResult
-		if res, err = a.upgrade(r.Context(), src, check); err == nil {
+		if res, err = a.upgrade(r.Context(), src, check, req.RestartWorkers); err == nil {
 			writeJSON(w, http.StatusOK, res)
 			return
 		}
@@ -159,7 +176,7 @@ func (a *Agent) handleUpgrade(w http.ResponseWriter, r *http.Request) {
 
 // upgradeAsync runs a handoff on SIGHUP (systemctl reload).
 func (a *Agent) upgradeAsync() {
-	if _, err := a.upgrade(context.Background(), nil, selfupdate.Check{}); err != nil {
+	if _, err := a.upgrade(context.Background(), nil, selfupdate.Check{}, false); err != nil {
 		a.log.Error("SIGHUP: upgrade refused or failed; this agent keeps serving", "error", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -106,9 +107,15 @@ func configCommand() *cli.Command {
 					for _, l := range a.Listen {
 						ls = append(ls, l.URL)
 					}
+					if len(ls) == 0 {
+						ls = []string{"none"}
+					}
 					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
 						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw,
 						a.MinReady, a.TCPNoDelay, nodeMode(a))
+				}
+				for _, p := range cfg.Warnings {
+					fmt.Fprintf(c.App.ErrWriter, "deployd: warning: %s\n", p)
 				}
 				return nil
 			},
@@ -192,21 +199,42 @@ stop_timeout  = "10s"
 	if c.String("socket") != "" {
 		hint = " --socket " + sock
 	}
+	cmd, note := demoCLI(self)
 	err = agent.Run(agent.Options{ConfigPath: cfgPath, Logger: log, Ready: func(a *agent.Agent) {
 		n := a.AppConfig("hello").Instances
 		fmt.Fprintf(c.App.Writer, `
 deployd demo is serving http://%[1]s/ with %[2]d workers (config: %[3]s).
-Try, in another terminal:
+%[6]sTry, in another terminal:
   curl http://%[1]s/       # answered by one of the workers
-  deployd status%[4]s      # workers, pids, CPU, memory
-  deployd reload%[4]s      # rolling reload: new pids, zero failed requests
-  kill -9 <a worker pid>; deployd status%[4]s   # the worker is restarted
-Stop with Ctrl-C (or deployd shutdown%[4]s).
+  %[5]s status%[4]s      # workers, pids, CPU, memory
+  %[5]s reload%[4]s      # rolling reload: new pids, zero failed requests
+  kill -9 <a worker pid>; %[5]s status%[4]s   # the worker is restarted
+Stop with Ctrl-C (or %[5]s shutdown%[4]s).
 
-`, c.String("listen"), n, cfgPath, hint)
+`, c.String("listen"), n, cfgPath, hint, cmd, note)
 	}})
 	handedOff = errors.Is(err, agent.ErrHandedOff)
 	return agentError(err)
+}
+
+// demoCLI is how the user can run this binary from another terminal:
+// "deployd" when that name on PATH is this binary, else its full path (under
+// `go run` the binary is a temporary file, so the go run form is given too).
+func demoCLI(self string) (cmd, note string) {
+	if p, err := exec.LookPath("deployd"); err == nil && sameFile(p, self) {
+		return "deployd", ""
+	}
+	if strings.Contains(self, string(filepath.Separator)+"go-build") {
+		return "go run ./cmd/deployd", "(deployd is not on your PATH: the commands below use `go run ./cmd/deployd`\n" +
+			"from this folder; `go build -o deployd ./cmd/deployd` makes a binary you can keep.)\n"
+	}
+	return self, "(deployd is not on your PATH: the commands below use this binary's full path.)\n"
+}
+
+func sameFile(a, b string) bool {
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
 }
 
 // demoDirEnv passes the demo's folder to an agent that takes over.

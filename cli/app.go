@@ -70,6 +70,9 @@ func exitCodeOf(err error) int {
 		}
 		return ExitUnreachable
 	case errors.As(err, &se):
+		if se.Kind == "" { // an agent that did not say: its HTTP status does
+			return api.KindOfStatus(se.Code).ExitCode()
+		}
 		return se.Kind.ExitCode()
 	}
 	return ExitUsage // urfave/cli's own errors are usage errors (bad flag, ...)
@@ -79,7 +82,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	app := &cli.App{
 		Name:    "deployd",
 		Usage:   "zero-downtime deploy agent: per-core workers behind inherited sockets",
-		Version: version.String(),
+		Version: version.Long(), // --version, -v: urfave/cli prints "deployd version ..."
 		Description: "deployd keeps a pool of worker processes per app behind listening sockets it opens\n" +
 			"and hands to every worker (systemd's LISTEN_FDS protocol), so the kernel balances\n" +
 			"connections and the agent is never on the data path. Reloads start new workers,\n" +
@@ -89,7 +92,6 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"3 agent unreachable.",
 		Writer:                 stdout,
 		ErrWriter:              stderr,
-		HideVersion:            true,
 		UseShortOptionHandling: true,
 		ExitErrHandler:         func(*cli.Context, error) {},
 		OnUsageError:           usageError,
@@ -130,7 +132,7 @@ func clientFlags(extra ...cli.Flag) []cli.Flag {
 
 // usageError reports a bad flag or argument with where to get help.
 func usageError(c *cli.Context, err error, _ bool) error {
-	if c.Command == nil || c.Command.Name == "" {
+	if c.Command == nil || c.Command.Name == "" || c.Command.Name == c.App.Name {
 		return fail(ExitUsage, "%v (see `deployd --help`; flags go after the command, e.g. deployd status --socket PATH)", err)
 	}
 	return fail(ExitUsage, "%v (see `deployd %s --help`)", err, c.Command.Name)

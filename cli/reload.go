@@ -219,7 +219,8 @@ func versionCommand() *cli.Command {
 		Usage: "print the CLI's version (and the running agent's, when it answers)",
 		Flags: clientFlags(jsonFlag),
 		Action: func(c *cli.Context) error {
-			out := map[string]any{"version": version.String()}
+			b := version.VCS()
+			out := map[string]any{"version": version.String(), "commit": b.Commit, "commit_time": b.Time, "dirty": b.Dirty}
 			cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
 			defer cancel()
 			if v, err := client(c).Version(cx); err == nil {
@@ -228,7 +229,7 @@ func versionCommand() *cli.Command {
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(out)
 			}
-			fmt.Fprintf(c.App.Writer, "deployd %s\n", version.String())
+			fmt.Fprintf(c.App.Writer, "deployd %s\n", version.Long())
 			if v, ok := out["agent_version"]; ok {
 				fmt.Fprintf(c.App.Writer, "agent %s (pid %v)\n", v, out["agent_pid"])
 			}

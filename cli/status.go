@@ -28,7 +28,7 @@ func statusCommand() *cli.Command {
 				return fail(ExitUsage, "usage: deployd status [APP]")
 			}
 			cl := client(c)
-			for {
+			for first := true; ; first = false {
 				st, err := cl.Status(ctx(c), c.Args().First())
 				if err != nil {
 					return err
@@ -40,9 +40,7 @@ func statusCommand() *cli.Command {
 						return err
 					}
 				} else {
-					if c.Duration("watch") > 0 {
-						fmt.Fprint(c.App.Writer, "\033[H\033[2J")
-					}
+					watchHeader(c.App.Writer, c.Duration("watch"), first)
 					printStatus(c.App.Writer, st)
 				}
 				if c.Duration("watch") <= 0 {
@@ -155,4 +153,17 @@ func fmtBytes(b int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f%siB", float64(b)/float64(div), strings.Split("K M G T", " ")[exp])
+}
+
+// watchHeader starts each refresh of `status --watch`: on a terminal it
+// clears the screen; into a pipe or a file it writes no control codes, only
+// a blank line and the time between refreshes.
+func watchHeader(w io.Writer, every time.Duration, first bool) {
+	switch {
+	case every <= 0:
+	case isTerminal(w):
+		fmt.Fprint(w, "\033[H\033[2J")
+	case !first:
+		fmt.Fprintf(w, "\n--- %s\n", time.Now().Format(time.TimeOnly))
+	}
 }

@@ -22,8 +22,10 @@ func upgradeCommand() *cli.Command {
 			"when [agent] upgrade_public_key is set, always for socket_group members) and only then\n" +
 			"checks that its `version` answers within 5 s, swaps it in\n" +
 			"at the agent's own path keeping a backup, and starts a new agent from it. Every\n" +
-			"listener and the control socket pass to the new agent, which starts its workers and\n" +
-			"only then takes over; the old agent drains its workers and exits. If anything fails,\n" +
+			"listener, the control socket and the running workers pass to the new agent, which\n" +
+			"adopts the workers (same pids, no signal, their logs and notify messages read on) and\n" +
+			"then takes over; the old agent exits without stopping them. With --restart-workers\n" +
+			"the new agent starts new workers instead and the old one drains its own. If anything fails,\n" +
 			"the previous binary is restored and the old agent keeps serving (exit 1).\n" +
 			"Without --binary the agent re-executes its current binary (same as SIGHUP or\n" +
 			"`systemctl reload`). One upgrade at a time; an upgrade asked for while the previous\n" +
@@ -33,6 +35,7 @@ func upgradeCommand() *cli.Command {
 			&cli.StringFlag{Name: "binary", Usage: "new deployd `FILE` to install at the agent's path"},
 			&cli.StringFlag{Name: "sha256", Usage: "expected sha256 of --binary, `HEX`"},
 			&cli.StringFlag{Name: "signature", Usage: "minisign signature `FILE` of --binary"},
+			&cli.BoolFlag{Name: "restart-workers", Usage: "start new workers for every app (rolling, readiness-gated) instead of adopting the running ones"},
 		),
 		Action: runUpgrade,
 	}
@@ -44,7 +47,7 @@ func runUpgrade(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return fail(ExitUsage, "usage: deployd upgrade [--binary FILE] [--sha256 HEX] [--signature FILE]")
 	}
-	req := api.UpgradeRequest{SHA256: c.String("sha256")}
+	req := api.UpgradeRequest{SHA256: c.String("sha256"), RestartWorkers: c.Bool("restart-workers")}
 	bin, sig := c.String("binary"), c.String("signature")
 	if (req.SHA256 != "" || sig != "") && bin == "" {
 		return fail(ExitUsage, "--sha256 and --signature need --binary")

@@ -102,7 +102,8 @@ type Store interface {
 	AddFile(name string, f *os.File) error
 }
 
-// ErrAddressInUse is returned when another process holds the address.
+// ErrAddressInUse matches (errors.Is) the *AddrInUseError returned when
+// another process holds the address.
 var ErrAddressInUse = errors.New("handoff: address already in use")
 
 // Acquire returns the listener for network/address: the one a previous agent
@@ -158,8 +159,7 @@ func Open(network, address string, nonblocking bool) (*Listener, error) {
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), network, address)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("%w: %s %s is taken by another process; stop it or choose another address: %w",
-				ErrAddressInUse, network, address, err)
+			return nil, &AddrInUseError{URL: network + "://" + address, Holder: Holder(network, address), Err: err}
 		}
 		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
 			return nil, fmt.Errorf("listen %s %s: permission denied; ports below 1024 need root or CAP_NET_BIND_SERVICE: %w", network, address, err)
@@ -209,7 +209,7 @@ func removeStaleUnix(path string) error {
 	c, err := net.DialTimeout("unix", path, time.Second)
 	if err == nil {
 		c.Close()
-		return fmt.Errorf("%w: unix %s is served by another process; stop it or choose another path", ErrAddressInUse, path)
+		return &AddrInUseError{URL: "unix://" + path, Holder: Holder("unix", path)}
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale socket %s: %w", path, err)

@@ -95,6 +95,11 @@ func (r *Registry) Acquire(app string, wants []Want) (*Lease, error) {
 			for _, b := range lease.bound {
 				r.releaseLocked(b.Key())
 			}
+			var inUse *AddrInUseError
+			if errors.As(err, &inUse) {
+				inUse.URL = w.URL // the sentence names the address already
+				return nil, err
+			}
 			return nil, fmt.Errorf("listen %s: %w", w.URL, err)
 		}
 		lease.bound = append(lease.bound, Bound{Listener: l, Name: w.Name})

@@ -50,7 +50,9 @@ type Proc struct {
 }
 
 // Start forks the shim with the listeners as fds 3.. in a new process group.
-// The worker gets SIGKILL when the agent dies. Listener flags are untouched.
+// The worker outlives the agent (no Pdeathsig): a next agent adopts it after
+// a handoff, or retires it after a crash (see the agent's survivor records).
+// Listener flags are untouched.
 func Start(p Proc) (*os.Process, error) {
 	if len(p.Argv) == 0 {
 		return nil, errors.New("handoff: empty command")
@@ -95,7 +97,6 @@ func Start(p Proc) (*os.Process, error) {
 		Files: files,
 		Sys: &syscall.SysProcAttr{
 			Setpgid:    true,
-			Pdeathsig:  syscall.SIGKILL,
 			Credential: p.Credential,
 		},
 	}

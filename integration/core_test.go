@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -239,12 +240,12 @@ max_restarts = 2
 
 func TestAgentSIGTERMStopsEverything(t *testing.T) {
 	port := FreePort(t)
-	sockPath := "/tmp/deployd-it-" + strconv.Itoa(port) + ".sock"
-	a := StartAgent(t, bins, appConfig("web", port, 2, "")+fmt.Sprintf(`[apps.side]
-command = ["%%TESTAPP%%"]
+	a := StartAgent(t, bins, appConfig("web", port, 2, "")+`[apps.side]
+command = ["%TESTAPP%"]
 instances = 1
-listen = ["unix://%s"]
-`, sockPath))
+listen = ["unix://%DIR%/side.sock"]
+`)
+	sockPath := filepath.Join(a.Dir, "side.sock")
 	st := a.WaitFor("workers ready", 20*time.Second, func(st *api.Status) bool {
 		return AllReady(st, "web", 2) && AllReady(st, "side", 1)
 	})

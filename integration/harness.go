@@ -7,6 +7,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/handoff"
 )
 
 // Binaries are the programs a test run builds once.
@@ -118,6 +120,8 @@ type Agent struct {
 	cmd    *exec.Cmd
 	log    *syncBuffer
 	done   chan struct{}
+	// cleanupSet: killLeftWorkers is registered (once per Agent).
+	cleanupSet bool
 }
 
 // UseOwnBinary makes the agent run from a copy of deployd in its folder, so
@@ -162,6 +166,7 @@ func (s *syncBuffer) String() string {
 // added) without starting anything. %SOCKET% and %DIR% are replaced.
 func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
 	t.Helper()
+	NoteSources()
 	dir, err := os.MkdirTemp("", "deployd-it-")
 	if err != nil {
 		t.Fatal(err)
@@ -200,14 +205,23 @@ func (a *Agent) Start() {
 	a.cmd = exec.Command(a.Binary, "agent", "-c", a.Config, "--log-level", "debug")
 	a.cmd.Dir = a.Dir
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	a.cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=", "GORACE=atexit_sleep_ms=0")
+	a.cmd.Env = CleanEnv("GORACE=atexit_sleep_ms=0")
 	// The agent dies with the test process; its workers die with it.
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
 		a.t.Fatal(err)
 	}
-	a.done = make(chan struct{})
-	go func() { a.cmd.Wait(); close(a.done) }()
+	// Each start has its own: an agent that handed off may still be
+	// waited for (its successor holds its stdout) when the next starts.
+	cmd, done := a.cmd, make(chan struct{})
+	a.done = done
+	go func() { cmd.Wait(); close(done) }()
+	if !a.cleanupSet {
+		// Workers outlive agents (adoption): after Stop, kill whatever a
+		// failed test left running, by the agents' records.
+		a.cleanupSet = true
+		a.t.Cleanup(a.killLeftWorkers)
+	}
 	a.t.Cleanup(a.Stop)
 	a.t.Cleanup(a.checkRace) // runs after Stop (cleanups run last first)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -222,6 +236,35 @@ func (a *Agent) Start() {
 		case <-ctx.Done():
 			a.t.Fatalf("agent did not answer within 60s\n%s", a.log.String())
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// killLeftWorkers SIGKILLs the process group of every worker recorded in
+// state/agents/*.json that still runs (checked by its start time).
+func (a *Agent) killLeftWorkers() {
+	files, _ := filepath.Glob(filepath.Join(a.Dir, "state", "agents", "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var rec struct {
+			Apps map[string][]struct {
+				PID       int    `json:"pid"`
+				StartTime uint64 `json:"start_time"`
+			} `json:"apps"`
+		}
+		if json.Unmarshal(b, &rec) != nil {
+			continue
+		}
+		for _, ps := range rec.Apps {
+			for _, p := range ps {
+				if st, err := handoff.StartTime(p.PID); err == nil && st == p.StartTime {
+					_ = syscall.Kill(-p.PID, syscall.SIGKILL)
+					_ = syscall.Kill(p.PID, syscall.SIGKILL)
+				}
+			}
 		}
 	}
 }
@@ -361,7 +404,7 @@ func (a *Agent) CLIAs(cred *syscall.Credential, args ...string) Result {
 	a.t.Helper()
 	cmd := exec.Command(a.bins.Deployd, args...)
 	cmd.Dir = a.Dir
-	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
+	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
@@ -376,6 +419,20 @@ func (a *Agent) CLIAs(cred *syscall.Credential, args ...string) Result {
 		a.t.Fatalf("run deployd %v: %v", args, err)
 	}
 	return r
+}
+
+// CleanEnv is the environment the tests give deployd and its workers: PATH,
+// HOME and TMPDIR of the caller, then extra — nothing else, so a variable of
+// the caller's (DEPLOYD_LOG_FORMAT=json, NOTIFY_SOCKET, LISTEN_FDS under
+// systemd, DEPLOYD_SOCKET) cannot change what the tests check.
+func CleanEnv(extra ...string) []string {
+	var env []string
+	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return append(env, extra...)
 }
 
 // PIDs returns the pids of app's workers, by slot.

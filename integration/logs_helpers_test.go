@@ -161,7 +161,7 @@ func startFollower(t *testing.T, a *Agent, args ...string) *follower {
 	t.Helper()
 	cmd := exec.Command(bins.Deployd, append([]string{"logs"}, args...)...)
 	cmd.Dir = a.Dir
-	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET="+a.Socket)
+	cmd.Env = CleanEnv("DEPLOYD_SOCKET=" + a.Socket)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	r, err := cmd.StdoutPipe()
@@ -303,7 +303,7 @@ func checkLogsOfEveryApp(t *testing.T, a *Agent, want int) {
 func mountTmpfs(t *testing.T, dir, size string) {
 	t.Helper()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs for a full log_dir (needs root and CAP_SYS_ADMIN): %v: %s", err, bytes.TrimSpace(out))
+		skipOrFail(t, fmt.Sprintf("cannot mount a tmpfs for a full log_dir (needs root and CAP_SYS_ADMIN): %v: %s", err, bytes.TrimSpace(out)))
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {

@@ -99,7 +99,21 @@ max_backoff = "20ms"
 max_restarts = 3
 window = "1m"
 `, script, FreePort(t)))
-	a.WaitFor("app errored", 30*time.Second, func(st *api.Status) bool { return appOf(st, "crash").State == "errored" })
+	// The app errors when one slot has crashed too often; the other slot's
+	// worker may still be writing its burst then. Read once every worker
+	// has exited (its output is captured by then).
+	a.WaitFor("app errored, every worker exited", 30*time.Second, func(st *api.Status) bool {
+		app := appOf(st, "crash")
+		if app.State != "errored" {
+			return false
+		}
+		for _, w := range app.Workers {
+			if w.State != "exited" {
+				return false
+			}
+		}
+		return true
+	})
 
 	out := a.CLI("logs", "crash", "-n", "100000")
 	errs := a.CLI("logs", "crash", "--err", "-n", "1000")

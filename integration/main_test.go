@@ -24,6 +24,10 @@ func TestMain(m *testing.M) {
 		fmt.Println("integration: skipped in -short mode")
 		os.Exit(0)
 	}
+	if linkProduct() == 0 {
+		fmt.Fprintln(os.Stderr, "integration: the test app's sources are not embedded")
+		os.Exit(1)
+	}
 	var err error
 	bins, err = BuildAll()
 	if err != nil {
@@ -67,12 +71,22 @@ func get(t *testing.T, port int, path string) (string, error) {
 	return string(b), err
 }
 
-// identities fetches / until every pid in want answered (or 2000 requests),
-// returning pid -> version as the workers report them.
+// identities fetches / on port and returns pid -> version as the workers
+// report them. want is slot -> pid (PIDs of a status): it fails the test if a
+// wanted pid never answers within 2000 requests, if any other pid answers,
+// or if a worker reports a slot other than its own. It keeps asking for at
+// least identitiesMinPerWorker requests per worker after the last wanted pid
+// answered, so a stray process still accepting on the port has its chance
+// to show up.
 func identities(t *testing.T, port int, want map[int]int) map[int]string {
 	t.Helper()
+	slotOf := map[int]int{}
+	for slot, pid := range want {
+		slotOf[pid] = slot
+	}
 	seen := map[int]string{}
-	for i := 0; i < 2000 && len(seen) < len(want); i++ {
+	minRequests := identitiesMinPerWorker * len(want)
+	for i := 0; i < 2000 && (len(seen) < len(want) || i < minRequests); i++ {
 		body, err := get(t, port, "/")
 		if err != nil {
 			t.Fatalf("GET /: %v", err)
@@ -82,10 +96,27 @@ func identities(t *testing.T, port int, want map[int]int) map[int]string {
 		if _, err := fmt.Sscanf(body, "version=%s pid=%d slot=%d", &ver, &pid, &slot); err != nil {
 			t.Fatalf("unexpected body %q: %v", body, err)
 		}
+		if _, dup := seen[pid]; dup {
+			continue
+		}
 		seen[pid] = ver
+		switch wantSlot, ok := slotOf[pid]; {
+		case !ok:
+			t.Errorf("pid %d (slot %d, version %s) answered on port %d; the status lists only %v", pid, slot, ver, port, want)
+		case wantSlot != slot:
+			t.Errorf("pid %d reports slot %d, the status says slot %d", pid, slot, wantSlot)
+		}
+	}
+	for slot, pid := range want {
+		if _, ok := seen[pid]; !ok {
+			t.Errorf("worker pid %d (slot %d) never answered on port %d in 2000 requests (seen %v)", pid, slot, port, seen)
+		}
 	}
 	return seen
 }
+
+// identitiesMinPerWorker: see identities.
+const identitiesMinPerWorker = 20
 
 // startLoad starts the two loads the reload tests use: keep-alive clients
 // and one-connection-per-request clients.

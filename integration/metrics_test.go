@@ -218,7 +218,7 @@ func TestMetricsPortBusyIsSetupError(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("exit %d, want 2\n%s", code, out)
 	}
-	want := fmt.Sprintf("metrics 127.0.0.1:%d: the address is taken by another process", mport)
+	want := fmt.Sprintf("[agent] metrics 127.0.0.1:%d is already in use by ", mport)
 	if !strings.Contains(out, want) {
 		t.Errorf("output lacks %q:\n%s", want, out)
 	}

@@ -182,6 +182,16 @@ func TestBlueGreenReload(t *testing.T) {
 	}
 	requireNoFailures(t, "keep-alive", ka)
 	requireNoFailures(t, "new-connection", nka)
+	// The new version serves afterwards, from two new workers only.
+	st := a.Status()
+	if !AllReady(st, "web", 2) {
+		t.Fatalf("after the blue-green reload: %+v", appOf(st, "web"))
+	}
+	for pid, v := range identities(t, port, PIDs(appOf(st, "web"))) {
+		if v != "v2" {
+			t.Errorf("after the blue-green reload, worker %d answers %s, want v2", pid, v)
+		}
+	}
 }
 
 func TestConcurrentReloadIsRefused(t *testing.T) {

@@ -24,8 +24,10 @@ func TestStressConcurrentStatusDuringReload(t *testing.T) {
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
-	// A slow-starting version keeps the reload running while the calls land.
-	a.WriteConfig(versionedApp(port, 2, "v2", `TESTAPP_STARTUP_DELAY = "1500ms"`, ""))
+	// A version that gets ready only once the test says so keeps the reload
+	// running while the calls land, however slow the machine is.
+	gate := filepath.Join(t.TempDir(), "ready")
+	a.WriteConfig(versionedApp(port, 2, "v2", fmt.Sprintf("TESTAPP_READY_FILE = %q", gate), ""))
 	type outcome struct {
 		res *api.Result
 		err error
@@ -39,6 +41,9 @@ func TestStressConcurrentStatusDuringReload(t *testing.T) {
 	}()
 	a.WaitFor("reload running", 10*time.Second, func(st *api.Status) bool { return appOf(st, "web").State == "reloading" })
 	b := statusBurst(a, callers)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	o := <-reloaded
 	if o.err != nil || !o.res.OK {
 		t.Fatalf("reload during the status calls: %+v, %v\n%s", o.res, o.err, a.Log())
@@ -50,8 +55,11 @@ func TestStressConcurrentStatusDuringReload(t *testing.T) {
 	t.Logf("%d concurrent status calls during a reload: %d failed, %d saw state reloading; all answered in %s (p50 %s, max %s)",
 		callers, len(b.errs), b.reloading, b.all.Round(time.Millisecond),
 		b.took[len(b.took)/2].Round(time.Microsecond), b.took[len(b.took)-1].Round(time.Microsecond))
-	if b.reloading == 0 {
-		t.Errorf("no status call landed during the reload")
+	// The reload cannot finish before the burst is over (its new workers wait
+	// for the gate file), so every call must see it. A status call that
+	// waited for the reload to finish would never answer before the gate.
+	if b.reloading != callers {
+		t.Errorf("%d of %d status calls saw web reloading, want all: status must not wait for a reload", b.reloading, callers)
 	}
 	if !AllReady(a.Status(), "web", 2) {
 		t.Errorf("after the reload: %+v", a.App("web"))
@@ -145,8 +153,16 @@ func TestStressReloadsKeepAgentSteady(t *testing.T) {
 	if g := end.fds - base.fds; g > 5 {
 		t.Errorf("agent fd count grew by %d over %d reloads (%d -> %d): a leak", g, reloads-warmup, base.fds, end.fds)
 	}
-	if g := end.rss - base.rss; g > 30<<20 {
-		t.Errorf("agent RSS grew by %.1f MiB over %d reloads", float64(g)/(1<<20), reloads-warmup)
+	// Measured growth after the warm-up: RSS +0.8 to +1.5 MiB and threads +1
+	// (Go heap and runtime threads settling), fds +0. A leak of one goroutine
+	// with its stack, or a few KiB, per reload passes these bounds by far.
+	if g := end.rss - base.rss; g > stressMaxRSSGrowth {
+		t.Errorf("agent RSS grew by %.1f MiB over %d reloads, more than %d MiB", float64(g)/(1<<20), reloads-warmup,
+			stressMaxRSSGrowth>>20)
+	}
+	if g := end.threads - base.threads; g > stressMaxThreadGrowth {
+		t.Errorf("agent threads grew by %d over %d reloads (%d -> %d), more than %d", g, reloads-warmup,
+			base.threads, end.threads, stressMaxThreadGrowth)
 	}
 	if z := zombieChildren(pid); len(z) > 0 {
 		t.Errorf("zombie children of the agent after %d reloads: %v", reloads, z)
@@ -161,6 +177,12 @@ func TestStressReloadsKeepAgentSteady(t *testing.T) {
 		}
 	}
 }
+
+// Bounds of TestStressReloadsKeepAgentSteady's growth checks.
+const (
+	stressMaxRSSGrowth    = 8 << 20
+	stressMaxThreadGrowth = 4
+)
 
 // procSample is a process's resource use as /proc shows it.
 type procSample struct {

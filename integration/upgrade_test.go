@@ -55,7 +55,7 @@ func TestUpgradesUnderLoadDropNothing(t *testing.T) {
 		want = ver
 		pid, _ := agentPID(t, a)
 		oldProcs = append(oldProcs, pid)
-		oldProcs = append(oldProcs, workerPIDs(a.Status())...)
+		workersBefore := fmt.Sprint(workerPIDs(a.Status()))
 		// The candidate lives outside the agent's path; the agent copies it in.
 		cand := filepath.Join(t.TempDir(), "deployd-new")
 		CopyFile(t, src, cand)
@@ -70,7 +70,11 @@ func TestUpgradesUnderLoadDropNothing(t *testing.T) {
 		if npid == pid || nver != ver {
 			t.Fatalf("after upgrade %d: agent pid %d version %s (before: pid %d)", i, npid, nver, pid)
 		}
-		a.WaitFor("new workers ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+		// The new agent adopts the running workers: the same pids.
+		st := a.WaitFor("workers ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+		if after := fmt.Sprint(workerPIDs(st)); after != workersBefore {
+			t.Errorf("upgrade %d: workers %s, want the adopted %s", i, after, workersBefore)
+		}
 	}
 	ka, nka := stop()
 	requireNoFailures(t, "keep-alive", ka)
@@ -78,7 +82,7 @@ func TestUpgradesUnderLoadDropNothing(t *testing.T) {
 	if _, v := agentPID(t, a); v != want {
 		t.Errorf("final agent version %s, want %s", v, want)
 	}
-	// Every old agent and old worker is gone.
+	// Every old agent is gone.
 	deadline := time.Now().Add(30 * time.Second)
 	for _, p := range oldProcs {
 		for Alive(p) && time.Now().Before(deadline) {

@@ -31,9 +31,6 @@ func (s *Supervisor) onExit(st *state, sl *slot, w *Worker) {
 	s.changeStateTo(st, Event{Type: EventCrash, Slot: sl.index, PID: w.PID, Release: w.Release, Message: desc}, func() {
 		st.lastExit = fmt.Sprintf("worker %d (pid %d): %s", sl.index, w.PID, desc)
 		st.lastLines = w.LastLines()
-		if now.Sub(w.Started) >= spec.Restart.StableAfter {
-			sl.backoff = spec.Restart.Backoff
-		}
 		sl.crashes = append(sl.crashes, now)
 		for len(sl.crashes) > 0 && now.Sub(sl.crashes[0]) > spec.Restart.Window {
 			sl.crashes = sl.crashes[1:]
@@ -45,9 +42,13 @@ func (s *Supervisor) onExit(st *state, sl *slot, w *Worker) {
 			"crashes", len(sl.crashes), "window", spec.Restart.Window, "last", st.lastExit)
 		return
 	}
-	delay := jitter(sl.backoff)
-	sl.backoff = min(sl.backoff*2, spec.Restart.MaxBackoff)
-	s.log.Warn("worker exited, restarting", "worker", sl.index, "pid", w.PID, "status", desc, "in", delay)
+	delay := restartDelay(sl, w, spec.Restart, now)
+	s.log.Warn("worker exited, restarting", "worker", sl.index, "pid", w.PID, "status", desc,
+		"uptime", roundDuration(now.Sub(w.Started)), "in", roundDuration(delay))
+	if delay == 0 {
+		s.restartSlot(st, sl, w)
+		return
+	}
 	sl.timer = time.AfterFunc(delay, func() {
 		s.send(func(st *state) { s.restartSlot(st, sl, w) })
 	})
@@ -110,10 +111,44 @@ func deadWorker(slotIdx int, spec *Spec, err error) *Worker {
 	return w
 }
 
+// restartDelay is how long sl waits before it restarts w, which crashed at
+// now, and advances sl's backoff. An isolated crash (w became ready and
+// stayed up StableAfter) restarts at once and resets the backoff, as PM2
+// does past min_uptime; a crash loop (w died before that) waits the slot's
+// backoff, jittered and capped at MaxBackoff, which then doubles. Run by the loop.
+func restartDelay(sl *slot, w *Worker, p RestartPolicy, now time.Time) time.Duration {
+	if w.wasReady() && now.Sub(w.Started) >= p.StableAfter {
+		sl.backoff = p.Backoff
+		return 0
+	}
+	delay := min(jitter(sl.backoff), p.MaxBackoff)
+	sl.backoff = min(sl.backoff*2, p.MaxBackoff)
+	return delay
+}
+
+// wasReady reports whether w reported ready.
+func (w *Worker) wasReady() bool {
+	select {
+	case <-w.ready:
+		return true
+	default:
+		return false
+	}
+}
+
 // jitter spreads d by ±20 %.
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return 0
 	}
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// roundDuration rounds d for a log line: to the millisecond below 10 s, else
+// to the tenth of a second ("33.2s", not "33.219918522s").
+func roundDuration(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
 }

@@ -93,5 +93,21 @@ func (e *NotReadyError) Error() string {
 	if e.Exited {
 		return fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.Slot, w.PID, w.ExitDescription())
 	}
-	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s", w.Slot, w.PID, e.Timeout)
+	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s%s", w.Slot, w.PID, e.Timeout, readyHint(w.spec))
+}
+
+// readyHint says what the app must do for its readiness mode.
+func readyHint(spec *Spec) string {
+	if spec == nil {
+		return ""
+	}
+	switch spec.Ready.Mode {
+	case ReadyNodeIPC:
+		return `; with ready = "node-ipc" the app must call process.send('ready') once it listens: check that it does, and that node runs the app itself (not through npm or a shell)`
+	case ReadyNotify:
+		return `; with ready = "notify" the app must send READY=1 to $NOTIFY_SOCKET (sd_notify) once it listens`
+	case ReadyLog:
+		return fmt.Sprintf(`; with ready = "log:..." a line of its output must match %s`, spec.Ready.Regex)
+	}
+	return ""
 }

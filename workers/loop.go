@@ -31,6 +31,14 @@ type state struct {
 	// queues follows the accept queue of each listener (queue.go).
 	queues map[*handoff.Listener]*queueWatch
 	subs   map[*subscriber]struct{}
+	// handover is set between HandOver and Resume/Release; handedOver,
+	// once released, are the workers the next agent has: never stopped here.
+	handover   *handover
+	handedOver map[*Worker]bool
+	// adopted are the workers Adopt took from the previous agent and
+	// leftovers those it did not (stopped by StopLeftovers).
+	adopted   map[*Worker]bool
+	leftovers []*Worker
 }
 
 type slot struct {
@@ -124,6 +132,12 @@ func (s *Supervisor) changeStateTo(st *state, e Event, change func()) Event {
 	s.log.Debug("event", "event", e.Type, "worker", e.Slot, "pid", e.PID, "release", e.Release,
 		"ms", e.Millis, "message", e.Message)
 	st.publish(e)
+	switch e.Type {
+	case EventStarted, EventRestart, EventExited, EventCrash:
+		if s.opts.Changed != nil {
+			s.opts.Changed()
+		}
+	}
 	return e
 }
 

@@ -37,6 +37,23 @@ const helperLifetime = 20 * time.Second
 var helpers = map[string]func() int{
 	"serve-ready": serveReady,
 	"exit-now":    exitNow,
+	// ticker is ready, then prints "tick N" (and sends STATUS=tick N) every
+	// 5 ms until SIGTERM.
+	"ticker": func() int {
+		term := notifyTerm()
+		if err := sdNotify("READY=1"); err != nil {
+			return 5
+		}
+		for n := 1; ; n++ {
+			select {
+			case <-term:
+				return 0
+			case <-time.After(5 * time.Millisecond):
+				fmt.Printf("tick %d\n", n)
+				_ = sdNotify(fmt.Sprintf("STATUS=tick %d", n))
+			}
+		}
+	},
 	// serve-ready-slot-0 is serve-ready in slot 0 and exit-now elsewhere.
 	"serve-ready-slot-0": func() int {
 		if os.Getenv("DEPLOYD_WORKER") == "0" {

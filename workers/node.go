@@ -1,8 +1,6 @@
 package workers
 
 import (
-	"bufio"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -10,6 +8,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers/logs"
 	"github.com/deployd/deployd/workers/nodejs"
 )
 
@@ -54,22 +53,21 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
 	defer wg.Done()
 	defer close(w.node.done)
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 4096), handoff.MaxNotifyMessage)
-	for sc.Scan() {
-		msg := handoff.ParseNotify(sc.Bytes())
-		if ready.Mode != ReadyNotify {
-			delete(msg, "READY")
-		}
-		if ready.Mode == ReadyNodeIPC && msg["NODE_IPC"] == "ready" {
-			msg["READY"] = "1" // process.send('ready') of an app under npm start
-		}
-		if e, ok := msg["ERROR"]; ok {
-			msg["STATUS"] = strings.TrimPrefix(e, "deployd: ")
-		}
-		w.onNotify(msg)
-	}
-	_, _ = io.Copy(io.Discard, f)
+	w.pz.run("node", func(pending []byte) ([]byte, error) {
+		return logs.CaptureFrom(f, pending, handoff.MaxNotifyMessage, func(line string) {
+			msg := handoff.ParseNotify([]byte(line))
+			if ready.Mode != ReadyNotify {
+				delete(msg, "READY")
+			}
+			if ready.Mode == ReadyNodeIPC && msg["NODE_IPC"] == "ready" {
+				msg["READY"] = "1" // process.send('ready') of an app under npm start
+			}
+			if e, ok := msg["ERROR"]; ok {
+				msg["STATUS"] = strings.TrimPrefix(e, "deployd: ")
+			}
+			w.onNotify(msg)
+		})
+	})
 }
 
 // nodeWorker is the node side of a Worker. Through `npm start` the main

@@ -148,52 +148,66 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		c.closeParent()
 		return nil, err
 	}
+	// The shim execs the app in the same process: its start time stays.
+	start, _ := handoff.StartTime(proc.Pid)
 	w := &Worker{
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
-		Started: time.Now(), spec: spec, proc: proc, tail: logs.NewTail(tailLines),
+		Started: time.Now(), spec: spec, proc: proc, startTime: start, tail: logs.NewTail(tailLines),
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting,
 	}
-	w.serve(a, spec, c)
+	w.serve(a, spec, c, nil)
 	return w, nil
 }
 
 // serve starts the worker's goroutines: notify messages, output capture,
-// node-ipc, delay readiness, and the waiter that ends them all.
-func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels) {
+// node-ipc, delay readiness, and the waiter that ends them all. pending
+// holds the partial lines a previous agent had read (adoption).
+func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string][]byte) {
 	uid := os.Getuid()
 	if spec.Credential != nil {
 		uid = int(spec.Credential.Uid)
 	}
+	w.pz, w.notify = newPauser(pending), c.notify
+	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup
 	notifyDone.Add(1)
+	w.pz.add(c.notify)
 	go func() {
 		defer notifyDone.Done()
-		_ = c.notify.Serve(func(_, from int, msg handoff.Notify) {
-			// Only the worker's user (or root) may speak for it: a
-			// fallback abstract socket's name is visible to every user.
-			if from == uid || from == 0 {
-				w.onNotify(msg)
-			}
+		w.pz.run("notify", func([]byte) ([]byte, error) {
+			return nil, c.notify.Serve(func(_, from int, msg handoff.Notify) {
+				// Only the worker's user (or root) may speak for it: a
+				// fallback abstract socket's name is visible to every user.
+				if from == uid || from == 0 {
+					w.onNotify(msg)
+				}
+			})
 		})
 	}()
 	var readers sync.WaitGroup
 	readers.Add(2)
-	go w.capture(&readers, c.outR, a.out, "out", a.app, spec.Ready)
-	go w.capture(&readers, c.errR, a.err, "err", a.app, spec.Ready)
+	w.pz.add(c.outR)
+	w.pz.add(c.errR)
+	go w.capture(&readers, "out", c.outR, a.out, "out", a.app, spec.Ready)
+	go w.capture(&readers, "err", c.errR, a.err, "err", a.app, spec.Ready)
 	pipes := []*os.File{c.outR, c.errR}
 	if c.ipc != nil {
 		readers.Add(1)
+		w.pz.add(c.ipc.Parent)
+		w.ends["ipc"] = c.ipc.Parent
 		go w.readIPC(&readers, c.ipc.Parent)
 		pipes = append(pipes, c.ipc.Parent)
 	}
 	if c.node != nil {
 		w.node = &nodeWorker{done: make(chan struct{}), grace: spec.StopTimeout, indirect: spec.Node.Indirect}
 		readers.Add(1)
+		w.pz.add(c.node.ch.Parent)
+		w.ends["node"] = c.node.ch.Parent
 		go w.readNode(&readers, c.node.ch.Parent, spec.Ready)
 		pipes = append(pipes, c.node.ch.Parent)
 	}
-	if spec.Ready.Mode == ReadyDelay {
-		go w.readyAfterDelay(spec.Ready.Delay)
+	if spec.Ready.Mode == ReadyDelay && !w.isReady() {
+		go w.readyAfterDelay(max(spec.Ready.Delay-time.Since(w.Started), 0))
 	}
 	go func() {
 		w.wait(&readers, pipes)

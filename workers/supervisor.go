@@ -75,6 +75,10 @@ type Options struct {
 	Shim     string // the deployd binary (LISTEN_PID shim)
 	Out, Err *logs.Sink
 	Logger   hclog.Logger
+	// Changed, when set, is called (from the supervisor's loop: it must not
+	// block) whenever a worker process starts or ends: the agent then
+	// rewrites its record of the processes it runs.
+	Changed func()
 	// NotifyDir is the folder of the workers' NOTIFY_SOCKET paths, one
 	// private folder per worker inside; "" gives abstract sockets.
 	NotifyDir string
@@ -180,6 +184,7 @@ func (s *Supervisor) Pause() error {
 func (s *Supervisor) Stop() { s.stopOnce.Do(s.stop) }
 
 func (s *Supervisor) stop() {
+	s.Resume() // a handoff in flight is over: this agent stops
 	var running *opInfo
 	s.call(func(st *state) {
 		st.closing = true
@@ -275,7 +280,7 @@ func (o *op) stopAll(how State) {
 				sl.timer = nil
 			}
 			for _, w := range append([]*Worker{sl.cur}, sl.extra...) {
-				if w != nil {
+				if w != nil && !st.handedOver[w] {
 					vs = append(vs, victim{sl, w})
 				}
 			}

@@ -1,10 +1,11 @@
 package workers
 
 import (
-	"bufio"
-	"io"
+	"errors"
+	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,7 +42,18 @@ type Worker struct {
 	// spec is the spec it runs (its stop signal and timeout, listeners).
 	spec *Spec
 
-	proc   *os.Process
+	proc *os.Process // nil for an adopted worker
+	// pidfd watches and signals an adopted worker (started by the
+	// previous agent: not our child); startTime (/proc/PID/stat field 22)
+	// tells it from a process that reuses its pid.
+	pidfd     *handoff.Pidfd
+	startTime uint64
+	// pz pauses the readers of the worker's channels for a handoff; ends
+	// are the agent's ends that a handoff passes (out, err, ipc, node), and
+	// notify its notify socket.
+	pz     *pauser
+	ends   map[string]*os.File
+	notify *handoff.NotifySocket
 	tail   *logs.Tail
 	ready  chan struct{} // closed when ready
 	exited chan struct{} // closed after Wait and after output is drained
@@ -58,6 +70,9 @@ type Worker struct {
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
+	// lines counts the output lines captured; wait watches it to tell a
+	// worker's output still draining from a pipe held open by an escaped child.
+	lines atomic.Int64
 }
 
 // Ready is closed when the worker reported ready.
@@ -92,6 +107,15 @@ func (w *Worker) markReady() {
 		w.mu.Unlock()
 		close(w.ready)
 	})
+}
+
+func (w *Worker) isReady() bool {
+	select {
+	case <-w.ready:
+		return true
+	default:
+		return false
+	}
 }
 
 // ReadyAfter is the time from start to ready, 0 if not ready.
@@ -146,11 +170,7 @@ func (w *Worker) stop(state State) {
 	}
 	w.setState(state)
 	// An exited process is not an error: the wait below returns at once.
-	if w.node != nil {
-		w.node.signal(w.PID, w.spec.StopSignal)
-	} else {
-		_ = w.proc.Signal(w.spec.StopSignal)
-	}
+	w.signal(w.spec.StopSignal)
 	t := time.NewTimer(w.spec.StopTimeout)
 	defer t.Stop()
 	select {
@@ -161,14 +181,49 @@ func (w *Worker) stop(state State) {
 	}
 }
 
-// outputGrace bounds the wait for a worker's output after it exited: a
-// descendant that left the process group (setsid, nohup) may hold the pipes
-// open for ever (as os/exec's Cmd.WaitDelay).
-const outputGrace = 2 * time.Second
+// signal sends sig to the worker: to its group for a node app started
+// through npm, through the pidfd for an adopted one.
+func (w *Worker) signal(sig syscall.Signal) {
+	switch {
+	case w.node != nil:
+		w.node.signal(w.PID, sig)
+	case w.pidfd != nil:
+		_ = w.pidfd.Signal(sig)
+	default:
+		_ = w.proc.Signal(sig)
+	}
+}
+
+// errAdoptedExit is the exit of an adopted worker: only its parent (the
+// previous agent, or init after it) can read its status.
+var errAdoptedExit = errors.New("exited; status unknown: started by the previous agent")
+
+// reap waits for the process to exit: wait(2) for our child, a pidfd poll
+// for an adopted one.
+func (w *Worker) reap() (*os.ProcessState, error) {
+	if w.pidfd == nil {
+		return w.proc.Wait()
+	}
+	err := w.pidfd.Wait()
+	w.pidfd.Close()
+	if err != nil {
+		return nil, fmt.Errorf("watch adopted worker: %w", err)
+	}
+	return nil, errAdoptedExit
+}
+
+// outputGrace is how long a worker's output may stay silent after it exited,
+// and outputMax how long it may last in all: a descendant that left the
+// process group (setsid, nohup) may hold the pipes open for ever (as
+// os/exec's Cmd.WaitDelay).
+const (
+	outputGrace = 2 * time.Second
+	outputMax   = 30 * time.Second
+)
 
 // wait reaps the process and drains its output.
 func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
-	st, err := w.proc.Wait()
+	st, err := w.reap()
 	exitedAt := time.Now()
 	if w.node != nil {
 		w.node.await() // npm start: the app's node may outlive npm
@@ -178,15 +233,28 @@ func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 	w.killGroup()
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
-	t := time.NewTimer(outputGrace)
-	select {
-	case <-drained:
-	case <-t.C:
-		// Closing the read ends ends the readers' blocked reads.
-		for _, p := range pipes {
-			p.Close()
+	// Output still in the pipes is read to the end even when the sinks are
+	// slow; a pipe that stays silent for outputGrace, or still flows after
+	// outputMax (held open by a child that left the group), is cut.
+	t := time.NewTicker(outputGrace)
+	cut := time.Now().Add(outputMax)
+	seen := w.lines.Load()
+	for wait := true; wait; {
+		select {
+		case <-drained:
+			wait = false
+		case <-t.C:
+			if n := w.lines.Load(); n != seen && time.Now().Before(cut) {
+				seen = n
+				continue
+			}
+			// Closing the read ends ends the readers' blocked reads.
+			for _, p := range pipes {
+				p.Close()
+			}
+			<-drained
+			wait = false
 		}
-		<-drained
 	}
 	t.Stop()
 	w.mu.Lock()
@@ -202,36 +270,40 @@ func (w *Worker) finish() {
 	close(w.exited)
 }
 
-func (w *Worker) capture(wg *sync.WaitGroup, r *os.File, sink *logs.Sink, stream, app string, ready ReadyPolicy) {
+func (w *Worker) capture(wg *sync.WaitGroup, name string, r *os.File, sink *logs.Sink, stream, app string, ready ReadyPolicy) {
 	defer wg.Done()
 	defer r.Close()
 	matchReady := ready.Mode == ReadyLog && ready.Regex != nil
-	_ = logs.Capture(r, 0, func(text string) {
-		w.tail.Add(text)
-		if sink != nil {
-			sink.Write(logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text})
-		}
-		if matchReady && ready.Regex.MatchString(text) {
-			w.markReady()
-		}
+	w.pz.run(name, func(pending []byte) ([]byte, error) {
+		return logs.CaptureFrom(r, pending, 0, func(text string) {
+			w.lines.Add(1)
+			w.tail.Add(text)
+			if sink != nil {
+				sink.Write(logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text})
+			}
+			if matchReady && ready.Regex.MatchString(text) {
+				w.markReady()
+			}
+		})
 	})
 }
+
+// maxIPCMessage bounds one node-ipc message; a longer one is read in parts
+// (and so never taken for "ready").
+const maxIPCMessage = 1 << 20
 
 // readIPC reads node-ipc messages (JSON lines) and treats "ready" as ready,
 // as PM2's wait_ready does.
 func (w *Worker) readIPC(wg *sync.WaitGroup, f *os.File) {
 	defer wg.Done()
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 4096), 1<<20)
-	for sc.Scan() {
-		if string(sc.Bytes()) == `"ready"` {
-			w.markReady()
-		}
-	}
-	// A message over the limit stops the scanner: keep reading, so the
-	// app's next process.send does not fail.
-	_, _ = io.Copy(io.Discard, f)
+	w.pz.run("ipc", func(pending []byte) ([]byte, error) {
+		return logs.CaptureFrom(f, pending, maxIPCMessage, func(msg string) {
+			if msg == `"ready"` {
+				w.markReady()
+			}
+		})
+	})
 }
 
 func (w *Worker) readyAfterDelay(d time.Duration) {

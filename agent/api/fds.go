@@ -52,7 +52,9 @@ func (c *FileConn) Read(b []byte) (int, error) {
 	if oobn > 0 {
 		c.keep(c.oob[:oobn])
 	}
-	return n, err
+	// ReadMsgUnix can return -1 with an error (a connection cut at a
+	// handoff); bufio panics on a negative count.
+	return max(n, 0), err
 }
 
 func (c *FileConn) keep(oob []byte) {

@@ -180,6 +180,9 @@ type UpgradeRequest struct {
 	SHA256    string `json:"sha256,omitempty"`
 	// SignatureText is the content of the minisign signature of the binary.
 	SignatureText string `json:"signature_text,omitempty"`
+	// RestartWorkers makes the new agent start new workers for every app
+	// (the old one drains its own) instead of adopting the running ones.
+	RestartWorkers bool `json:"restart_workers,omitempty"`
 }
 
 // UpgradeResult is the answer of a successful upgrade.

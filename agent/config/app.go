@@ -75,7 +75,7 @@ func defaultApp(name, dir string, cpus int) *App {
 			MaxBackoff:  30 * time.Second,
 			MaxRestarts: 10,
 			Window:      time.Minute,
-			StableAfter: 10 * time.Second,
+			StableAfter: time.Second,
 		},
 		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
 		Node: "auto",

@@ -83,6 +83,7 @@ func parse(path string, data []byte, env hostEnv) (*Config, error) {
 	if err := ps.err(); err != nil {
 		return nil, err
 	}
+	c.Warnings = warnings(c, name, ps.lines)
 	return c, nil
 }
 
@@ -94,15 +95,9 @@ func (ps *problems) syntax(err error, data []byte) {
 		ps.list = append(ps.list, Problem{File: ps.file, Msg: fmt.Sprintf("%s: %v; fix the TOML syntax", ps.file, err), Err: err})
 		return
 	}
-	msg := "syntax error: " + pe.Message
-	if pe.LastKey != "" {
-		msg += " (after key " + pe.LastKey + ")"
-	}
-	msg += "; fix the TOML here (strings need quotes, tables are [name], one key = value per line)"
-	msg += showLine(data, pe.Position)
-	ps.list = append(ps.list, Problem{
-		File: ps.file, Line: pe.Position.Line, Col: pe.Position.Col, Msg: msg, Err: err,
-	})
+	pl := placeSyntax(data, pe)
+	msg := "syntax error: " + pl.what + showLine(data, toml.Position{Line: pl.line, Col: pl.col, Len: pl.width})
+	ps.list = append(ps.list, Problem{File: ps.file, Line: pl.line, Col: pl.col, Msg: msg, Err: err})
 }
 
 // showLine returns "\n  LINE | text\n         ^^^" for pos, or "".

@@ -18,6 +18,9 @@ type Config struct {
 	// Apps by name; AppNames lists the names sorted.
 	Apps     map[string]*App
 	AppNames []string
+	// Warnings are notes about a valid config that probably does not do
+	// what its author means (warnings.go).
+	Warnings []Problem
 }
 
 // Agent holds the [agent] table.
@@ -83,8 +86,10 @@ type Restart struct {
 	MaxBackoff  time.Duration // cap, default 30s
 	MaxRestarts int           // within Window before the app is errored, default 10
 	Window      time.Duration // default 1m
-	// StableAfter: a worker up this long resets its backoff. Default 10s
-	// (key `stable_after`).
+	// StableAfter: a worker that became ready and ran this long before it
+	// crashed is restarted at once and resets its backoff; one that died
+	// sooner is in a crash loop and waits the backoff. Default 1s, PM2's
+	// min_uptime (key `stable_after`).
 	StableAfter time.Duration
 }
 

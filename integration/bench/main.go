@@ -119,8 +119,8 @@ func parseFlags() (*bench, options, int) {
 	}
 	for _, p := range strings.Split(*only, ",") {
 		p = strings.TrimSpace(p)
-		if p != "throughput" && p != "crash" && p != "reload" {
-			fmt.Fprintf(os.Stderr, "bench: -only: unknown phase %q (throughput, crash, reload)\n", p)
+		if p != "throughput" && p != "crash" && p != "reload" && p != "upgrade" {
+			fmt.Fprintf(os.Stderr, "bench: -only: unknown phase %q (throughput, crash, reload, upgrade)\n", p)
 			return nil, o, 2
 		}
 		o.phases = append(o.phases, p)
@@ -155,6 +155,7 @@ func run() int {
 	}
 	phases := map[string]func(context.Context) error{
 		"throughput": b.throughput, "crash": b.crashRecovery, "reload": b.reloadsUnderLoad,
+		"upgrade": b.upgradesUnderLoad,
 	}
 	var runErr error
 	for _, name := range o.phases {

@@ -150,7 +150,13 @@ func (b *bench) reloadsUnderLoad(ctx context.Context) error {
 }
 
 func (b *bench) reloadRun(ctx context.Context, sys reloader, rep int, delay time.Duration) error {
-	scn := reloadScenario(delay)
+	return b.loadedRun(ctx, sys, rep, reloadScenario(delay), true)
+}
+
+// loadedRun runs b.reloads calls of sys.reload under load and records them
+// as scenario scn; newVersion: each call moves to a new version (a reload),
+// which the last answers must show.
+func (b *bench) loadedRun(ctx context.Context, sys reloader, rep int, scn string, newVersion bool) error {
 	url := b.url(sys, "/")
 	bound := 10 * time.Minute
 	load, err := b.startLoad(loadSpec{Loads: []loadOpts{
@@ -196,7 +202,7 @@ func (b *bench) reloadRun(ctx context.Context, sys reloader, rep int, delay time
 	b.res.add(scn, sys.name(), "p99_fresh", rep, ms(fresh.P99))
 	b.addErrors(scn, sys.name(), ka)
 	b.addErrors(scn, sys.name(), fresh)
-	if ka.Versions[version] == 0 {
+	if newVersion && ka.Versions[version] == 0 {
 		b.res.note(fmt.Sprintf("%s, %s, repeat %d: no answer from the last version %s (versions %v)",
 			scn, sys.name(), rep+1, version, ka.Versions))
 	}

@@ -75,10 +75,9 @@ type slice struct {
 }
 
 func (b *bench) throughputRepeat(ctx context.Context, ss []system, rep int) error {
-	time.Sleep(500 * time.Millisecond) // let the managers settle after start
 	for _, sys := range ss {
 		if mgr := sys.managerPID(); mgr > 0 {
-			if r, err := rss(mgr); err == nil {
+			if r, err := settledRSS(ctx, mgr); err == nil {
 				b.res.add("cost", sys.name(), "idle_rss", rep, float64(r))
 			}
 		}
@@ -190,4 +189,23 @@ func (b *bench) addSlices(scn, sys string, rep int, sls []slice) {
 	}
 	b.logf("    %s %s: %.0f req/s, p50 %.2f ms, p99 %.2f ms, %d failed (medians of %d slices; other jobs %.0f%% CPU)",
 		sys, scn, median(rps), median(p50), median(p99), failures, len(sls), median(other))
+}
+
+// settledRSS returns pid's RSS once it has settled after start: two readings
+// 100 ms apart within 64 KiB of each other (or the last reading after 5 s).
+func settledRSS(ctx context.Context, pid int) (int64, error) {
+	prev, err := rss(pid)
+	for deadline := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		var cur int64
+		if cur, err = rss(pid); err == nil && max(cur-prev, prev-cur) < 64<<10 {
+			return cur, nil
+		}
+		prev = cur
+	}
+	return prev, err
 }

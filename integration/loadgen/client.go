@@ -71,15 +71,23 @@ type sample struct {
 	version     string
 	err         error // nil: the response passed Check
 	connect     bool  // err is a connect error
+	refused     bool  // err is a refused connection (ECONNREFUSED)
+	retried     bool  // the transport used more than one connection: counted as a failure
 }
 
 func (c *client) do(ctx context.Context) sample {
 	rctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
 	defer cancel()
-	// Trace callbacks may run on the transport's goroutines.
+	// Trace callbacks may run on the transport's goroutines. GotConn runs once per
+	// attempt: more than once means the transport retried the request on a new
+	// connection after the reused one failed, which a load generator must not hide.
 	var fresh, firstByte atomic.Bool
+	var conns atomic.Int32
 	trace := &httptrace.ClientTrace{
-		GotConn:              func(i httptrace.GotConnInfo) { fresh.Store(!i.Reused) },
+		GotConn: func(i httptrace.GotConnInfo) {
+			conns.Add(1)
+			fresh.Store(!i.Reused)
+		},
 		GotFirstResponseByte: func() { firstByte.Store(true) },
 	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(rctx, trace), http.MethodGet, c.o.URL, nil)
@@ -88,25 +96,34 @@ func (c *client) do(ctx context.Context) sample {
 	}
 	t0 := time.Now()
 	resp, err := c.http.Do(req)
+	retried := conns.Load() > 1
 	if err != nil {
 		if ctx.Err() != nil {
 			return sample{aborted: true}
 		}
-		return sample{err: err, connect: isConnectError(err, fresh.Load(), firstByte.Load())}
+		return sample{err: err, retried: retried, connect: isConnectError(err, fresh.Load(), firstByte.Load()),
+			refused: errors.Is(err, syscall.ECONNREFUSED)}
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	resp.Body.Close()
-	s := sample{gotResponse: true, latency: time.Since(t0), version: versionOf(body)}
+	s := sample{gotResponse: true, latency: time.Since(t0), version: versionOf(body), retried: retried}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return sample{aborted: true}
 	case err != nil:
 		s.err = fmt.Errorf("read body: %w", err)
+	case retried:
+		s.err = fmt.Errorf("%w (%d connections for one request)", ErrRetried, conns.Load())
 	default:
 		s.err = c.o.Check(resp.StatusCode, body)
 	}
 	return s
 }
+
+// ErrRetried is the failure recorded for a request that Go's transport sent again on a
+// new connection because the reused one failed before any response byte (it does so
+// silently for idempotent requests): a client without that retry would have failed.
+var ErrRetried = errors.New("the reused connection failed and the transport retried the request")
 
 // isConnectError tells a connection refused or reset before the server answered: a
 // refused or reset dial, or a reset of a new connection before any response byte — what

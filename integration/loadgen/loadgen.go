@@ -43,7 +43,13 @@ type Result struct {
 	// requests that got no response or whose response failed Check. ConnectErrors (also
 	// in Failures) counts connections refused or reset before any response byte: at dial,
 	// or a new connection reset (one still queued on a listener that closed).
+	//
+	// Refused (also in Failures) counts connections refused (ECONNREFUSED), every one
+	// of them, unlike Errors. Retries (also in Failures) counts requests that Go's
+	// transport silently sent again on a new connection after the reused one failed:
+	// each is a failure a client without that retry would have seen (ErrRetried).
 	Requests, Failures, ConnectErrors int64
+	Refused, Retries                  int64
 	Errors                            []string         // first 20 distinct failure messages
 	Versions                          map[string]int64 // responses per "version=X" at the start of the body
 	Duration                          time.Duration    // from start until the last client finished (or now)
@@ -52,8 +58,9 @@ type Result struct {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%d requests (%d failed, %d connect errors) in %v, %.0f rps, p50 %v p99 %v max %v, versions %v",
-		r.Requests, r.Failures, r.ConnectErrors, r.Duration.Round(time.Millisecond), r.RPS, r.P50, r.P99, r.Max, r.Versions)
+	return fmt.Sprintf("%d requests (%d failed, %d connect errors, %d refused, %d retried) in %v, %.0f rps, p50 %v p99 %v max %v, versions %v",
+		r.Requests, r.Failures, r.ConnectErrors, r.Refused, r.Retries, r.Duration.Round(time.Millisecond), r.RPS,
+		r.P50, r.P99, r.Max, r.Versions)
 }
 
 // Run generates load until ctx is done, MaxRequests were sent or MaxDuration passed,

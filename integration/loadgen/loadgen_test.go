@@ -300,3 +300,60 @@ func TestVersionOf(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryOnReusedConnIsAFailure: the server closes every connection, without an
+// answer, when the second request arrives on it. Go's transport then silently sends
+// the GET again on a new connection, which answers: every request after the first
+// would pass if loadgen did not count the retry.
+func TestRetryOnReusedConnIsAFailure(t *testing.T) {
+	type perConn struct{ n atomic.Int64 }
+	type key struct{}
+	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Context().Value(key{}).(*perConn).n.Add(1) >= 2 {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		fmt.Fprintln(w, "version=v1")
+	}))
+	s.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, key{}, &perConn{})
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	res, err := Run(context.Background(), Options{
+		URL: s.URL + "/", Clients: 1, KeepAlive: true, MaxRequests: 10, MaxDuration: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res)
+	if res.Requests != 10 || res.Retries != 9 || res.Failures != 9 {
+		t.Errorf("Requests %d, Retries %d, Failures %d: want 10, 9, 9 (each retry on a new connection is a failure)",
+			res.Requests, res.Retries, res.Failures)
+	}
+	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0], ErrRetried.Error()) {
+		t.Errorf("Errors = %q, want the retry", res.Errors)
+	}
+}
+
+// TestRefusedCountsEveryRefusal: Errors keeps 20 distinct messages; Refused counts all.
+func TestRefusedCountsEveryRefusal(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens: every connect is refused
+	res, err := Run(context.Background(), Options{
+		URL: "http://" + addr + "/", Clients: 2, KeepAlive: false, MaxRequests: 50, MaxDuration: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != 50 || res.Refused != 50 || res.ConnectErrors != 50 || res.Failures != 50 {
+		t.Errorf("got %s, want 50 requests all refused", res)
+	}
+}

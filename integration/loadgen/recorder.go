@@ -21,6 +21,7 @@ type recorder struct {
 	hist                              *hdrhistogram.Histogram
 	max                               time.Duration
 	requests, failures, connectErrors int64
+	refused, retries                  int64
 	errors                            []string
 	seen                              map[string]bool
 	versions                          map[string]int64
@@ -48,12 +49,18 @@ func (r *recorder) record(s sample) {
 	if s.version != "" {
 		r.versions[s.version]++
 	}
+	if s.retried {
+		r.retries++
+	}
 	if s.err == nil {
 		return
 	}
 	r.failures++
 	if s.connect {
 		r.connectErrors++
+	}
+	if s.refused {
+		r.refused++
 	}
 	if msg := s.err.Error(); len(r.errors) < maxErrors && !r.seen[msg] {
 		r.seen[msg] = true
@@ -69,6 +76,8 @@ func (r *recorder) result(d time.Duration) Result {
 		Requests:      r.requests,
 		Failures:      r.failures,
 		ConnectErrors: r.connectErrors,
+		Refused:       r.refused,
+		Retries:       r.retries,
 		Errors:        append([]string(nil), r.errors...),
 		Versions:      maps.Clone(r.versions),
 		Duration:      d,

@@ -13,6 +13,7 @@ type config struct {
 	version         string
 	listen          string
 	startupDelay    time.Duration
+	readyFile       string
 	exitBeforeReady int
 	neverReady      bool
 	crashAfter      time.Duration
@@ -22,6 +23,8 @@ type config struct {
 	slow            time.Duration
 	ready           string
 	notifyFromChild bool
+	abruptSIGTERM   bool
+	tick            time.Duration
 }
 
 // envPrefix names the environment variables that set flags: TESTAPP_STARTUP_DELAY=2s is
@@ -35,6 +38,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.version, "version", "v1", "version reported in every response")
 	fs.StringVar(&c.listen, "listen", "", "`ADDR` to listen on when no socket is passed (LISTEN_FDS)")
 	fs.DurationVar(&c.startupDelay, "startup-delay", 0, "sleep this long before serving and getting ready")
+	fs.StringVar(&c.readyFile, "ready-file", "", "after the startup delay, wait until `PATH` exists before serving and getting ready")
 	fs.IntVar(&c.exitBeforeReady, "exit-before-ready", -1, "exit with this code instead of getting ready (-1: off)")
 	fs.BoolVar(&c.neverReady, "never-ready", false, "serve but never signal readiness")
 	fs.DurationVar(&c.crashAfter, "crash-after", 0, "exit this long after getting ready (code -crash-code)")
@@ -43,6 +47,8 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.IntVar(&c.logSpam, "log-spam", 0, "after ready, write this many lines \"line <slot> <pid> <i>\" to stdout")
 	fs.DurationVar(&c.slow, "slow", 0, "add this much latency to every request")
 	fs.StringVar(&c.ready, "ready", "notify", "how to signal readiness: notify, node-ipc, log or delay")
+	fs.BoolVar(&c.abruptSIGTERM, "abrupt-sigterm", false, "on SIGTERM exit at once, cutting open connections (no drain)")
+	fs.DurationVar(&c.tick, "tick", 0, "after ready, write \"tick <slot> <pid> <n>\" (n = 1, 2, ...) to stdout this often")
 	fs.BoolVar(&c.notifyFromChild, "notify-from-child", false, "send READY=1 from a child process (-ready notify)")
 
 	fs.Usage = func() {

@@ -60,6 +60,9 @@ func (a *app) handleIdentity(w http.ResponseWriter, _ *http.Request) {
 // handleSlow answers like GET / after ?ms=N milliseconds.
 func (a *app) handleSlow(w http.ResponseWriter, r *http.Request) {
 	ms, ok := intParam(w, r, "ms", 10*60*1000)
+	if ok {
+		warnf("slow request started ms=%d", ms) // tests wait for this line
+	}
 	if ok && sleep(r, time.Duration(ms)*time.Millisecond) {
 		a.handleIdentity(w, r)
 	}
@@ -137,6 +140,21 @@ func (a *app) writeLines(prefix string, n int, stop <-chan struct{}) {
 				return
 			default:
 			}
+		}
+	}
+}
+
+// ticks writes "tick <slot> <pid> <n>" every d until stop: numbered lines a test finds
+// in the log exactly once each.
+func (a *app) ticks(d time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			a.out.printf("tick %s %d %d\n", a.slot, a.pid, n)
 		}
 	}
 }

@@ -72,6 +72,10 @@ func run(args []string) int {
 		warnf("stopped during startup")
 		return 0
 	}
+	if cfg.readyFile != "" && !waitForFile(cfg.readyFile, stop) {
+		warnf("stopped while waiting for %s", cfg.readyFile)
+		return 0
+	}
 	if cfg.exitBeforeReady >= 0 {
 		warnf("exiting with %d before ready (-exit-before-ready)", cfg.exitBeforeReady)
 		return cfg.exitBeforeReady
@@ -93,8 +97,15 @@ func run(args []string) int {
 		})
 	}
 	a.writeLines("line", cfg.logSpam, stop)
+	if cfg.tick > 0 {
+		go a.ticks(cfg.tick, stop)
+	}
 
 	<-stop
+	if cfg.abruptSIGTERM {
+		warnf("exiting at once (-abrupt-sigterm)")
+		return 0
+	}
 	return a.shutdown(srv)
 }
 
@@ -168,4 +179,21 @@ func (a *app) shutdown(srv *worker.Server) int {
 // warnf writes one line to stderr.
 func warnf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "testapp: "+format+"\n", args...)
+}
+
+// waitForFile waits until path exists (a test creates it to let the worker
+// get ready); false when a stop signal came first.
+func waitForFile(path string, stop <-chan struct{}) bool {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return true
+		}
+		select {
+		case <-tick.C:
+		case <-stop:
+			return false
+		}
+	}
 }

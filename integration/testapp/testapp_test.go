@@ -76,7 +76,7 @@ func TestListenServesAndDrainsOnSIGTERM(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		slow <- result{resp, string(body)}
 	}()
-	time.Sleep(300 * time.Millisecond) // let the request reach the handler
+	p.stderr.waitFor(t, func(s string) bool { return strings.HasPrefix(s, "testapp: slow request started ms=1000") })
 	p.signal(t, syscall.SIGTERM)
 	r := <-slow
 	if r.resp == nil || r.resp.StatusCode != 200 || !strings.HasPrefix(r.body, "version=v7 ") {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"unicode/utf8"
 )
@@ -21,13 +22,23 @@ import (
 // while fn runs, nobody reads the pipe, and a worker writing to a full pipe
 // blocks.
 func Capture(r io.Reader, maxLine int, fn func(text string)) error {
+	_, err := CaptureFrom(r, nil, maxLine, fn)
+	return err
+}
+
+// CaptureFrom is Capture starting with pending, the start of a line read
+// before (by the previous agent, across a handoff). On a read deadline
+// (os.ErrDeadlineExceeded: the agent pauses its readers for a handoff) it
+// returns the partial line it holds instead of delivering it, so that
+// whoever reads next continues the line: no line is cut, lost or repeated.
+func CaptureFrom(r io.Reader, pending []byte, maxLine int, fn func(text string)) ([]byte, error) {
 	if maxLine <= 0 {
 		maxLine = DefaultMaxLine
 	}
 	// Room for a whole line plus "\r\n", so a line of exactly maxLine bytes
 	// is recognised as one line and not as a chunk and an empty line.
-	buf := make([]byte, max(maxLine+2, 32<<10))
-	start, end := 0, 0
+	buf := make([]byte, max(maxLine+2, 32<<10, len(pending)+1))
+	start, end := 0, copy(buf, pending)
 	for {
 		if start > 0 { // move the start of a partial line to the front
 			end = copy(buf, buf[start:end])
@@ -35,12 +46,16 @@ func Capture(r io.Reader, maxLine int, fn func(text string)) error {
 		}
 		n, err := r.Read(buf[end:])
 		end += n
-		start = deliver(buf[start:end], start, maxLine, err != nil, fn)
+		paused := errors.Is(err, os.ErrDeadlineExceeded)
+		start = deliver(buf[start:end], start, maxLine, err != nil && !paused, fn)
+		if paused {
+			return bytes.Clone(buf[start:end]), err
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return nil
+				return nil, nil
 			}
-			return fmt.Errorf("logs: capture: %w", err)
+			return nil, fmt.Errorf("logs: capture: %w", err)
 		}
 	}
 }

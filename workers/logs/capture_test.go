@@ -117,3 +117,36 @@ func TestTail(t *testing.T) {
 		t.Errorf("got %s", got)
 	}
 }
+
+// TestCaptureEveryLineOnce: 20 000 numbered lines through a pipe, written in
+// chunks that cut lines anywhere, arrive each exactly once and in order.
+func TestCaptureEveryLineOnce(t *testing.T) {
+	const n = 20000
+	var all strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&all, "test line %d\n", i)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		b := []byte(all.String())
+		for size := 1; len(b) > 0; size = size%4093 + 7 {
+			k := min(size, len(b))
+			w.Write(b[:k])
+			b = b[k:]
+		}
+		w.Close()
+	}()
+	got := capture(t, r, 0)
+	r.Close()
+	if len(got) != n {
+		t.Errorf("%d lines captured, want %d", len(got), n)
+	}
+	for i, l := range got {
+		if want := fmt.Sprintf("test line %d", i+1); l != want {
+			t.Fatalf("line %d = %q, want %q (a line was lost, split or repeated)", i+1, l, want)
+		}
+	}
+}

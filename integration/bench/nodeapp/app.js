@@ -14,6 +14,7 @@
 //   STARTUP_DELAY_MS  wait this long before listening (an app that is slow to start)
 //   CPU_FIB           n of fib(n) in /cpu, default 29
 //   DRAIN_TIMEOUT_MS  bound of the drain after SIGINT/SIGTERM, default 20000
+//   IDLE_GRACE_MS     how long a keep-alive connection must be idle before the drain closes it, default 1000
 //
 // Readiness: once listening it prints "listening pid=P" and, when it has an IPC channel,
 // calls process.send('ready') (PM2 wait_ready, deployd ready = "node-ipc").
@@ -24,9 +25,11 @@
 //     including ones accepted a moment ago whose request has not arrived yet — their
 //     request would be lost;
 //  2. every request answered from now on carries "Connection: close";
-//  3. connections idle after having served a request are closed (a keep-alive client
-//     retries a request it sent on a connection closed that way: nothing was answered);
-//     a connection that has served nothing yet is left open for its first request;
+//  3. a keep-alive connection is closed only once it has been idle for IDLE_GRACE_MS
+//     (default 1000; one that has served nothing yet: 5 s, Go's rule): a client reusing
+//     it in the meantime gets its answer with "Connection: close", instead of having its
+//     request cut off on a connection closed under it (which Go's client retries
+//     silently, but a client that does not retry sees as a failure);
 //  4. exit when the last connection has closed, or after DRAIN_TIMEOUT_MS.
 'use strict';
 
@@ -38,6 +41,7 @@ const slot = process.env.DEPLOYD_WORKER ?? process.env.NODE_APP_INSTANCE ?? '';
 const cpuFib = intEnv('CPU_FIB', 29);
 const startupDelay = intEnv('STARTUP_DELAY_MS', 0);
 const drainTimeout = intEnv('DRAIN_TIMEOUT_MS', 20000);
+const idleGrace = intEnv('IDLE_GRACE_MS', 1000);
 
 function intEnv(name, def) {
   const v = parseInt(process.env[name] || '', 10);
@@ -48,7 +52,7 @@ function fib(n) {
   return n < 2 ? n : fib(n - 1) + fib(n - 2);
 }
 
-// conns maps each open socket to {inflight, served}.
+// conns maps each open socket to {inflight, served, idleSince}.
 const conns = new Map();
 let draining = false;
 
@@ -59,7 +63,7 @@ const server = http.createServer((req, res) => {
     if (!st) return;
     st.inflight--;
     st.served++;
-    if (draining && st.inflight === 0) req.socket.end(); // answered before the drain began
+    st.idleSince = Date.now();
   });
   if (draining) res.setHeader('Connection', 'close');
   const head = `version=${version} pid=${process.pid} slot=${slot}`;
@@ -76,7 +80,7 @@ const server = http.createServer((req, res) => {
 server.keepAliveTimeout = 30000;
 
 server.on('connection', (socket) => {
-  conns.set(socket, { inflight: 0, served: 0 });
+  conns.set(socket, { inflight: 0, served: 0, idleSince: Date.now() });
   socket.on('close', () => {
     conns.delete(socket);
     if (draining) maybeExit();
@@ -90,15 +94,22 @@ function maybeExit() {
   }
 }
 
+// closeIdle ends the connections idle for long enough (see step 3 above).
+function closeIdle() {
+  const now = Date.now();
+  for (const [socket, st] of conns) {
+    const grace = st.served > 0 ? idleGrace : 5000;
+    if (st.inflight === 0 && now - st.idleSince >= grace) socket.end();
+  }
+}
+
 function drain(signal) {
   if (draining) return;
   draining = true;
   console.log(`${signal}: draining pid=${process.pid} connections=${conns.size}`);
   // Stop accepting without http.Server.close()'s closeIdleConnections (see above).
   net.Server.prototype.close.call(server);
-  for (const [socket, st] of conns) {
-    if (st.inflight === 0 && st.served > 0) socket.end();
-  }
+  setInterval(closeIdle, 20).unref();
   setTimeout(() => {
     console.log(`drain timeout after ${drainTimeout} ms: ${conns.size} connections left`);
     process.exit(1);

@@ -1,0 +1,252 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/atomicfile"
+	"github.com/deployd/deployd/workers"
+)
+
+// Workers outlive the agent that started them (a next agent adopts them
+// across a handoff), so an agent that dies without one (SIGKILL, a crash)
+// leaves them running. Every agent therefore records the worker processes
+// it runs in state_dir/agents/<pid>.json; an agent that starts finds the
+// records of agents that are gone and retires their survivors once its own
+// workers are ready. A clean exit removes the record.
+
+// recordEvery bounds how stale a record can be; supervisors' changes also
+// trigger a write at once.
+const recordEvery = time.Second
+
+// agentRecord is one agent's record.
+type agentRecord struct {
+	AgentPID   int                          `json:"agent_pid"`
+	AgentStart uint64                       `json:"agent_start"`
+	Apps       map[string][]workers.Process `json:"apps"`
+}
+
+func (a *Agent) recordsDir() string { return filepath.Join(a.settings.StateDir, "agents") }
+
+func (a *Agent) recordPath() string {
+	return filepath.Join(a.recordsDir(), strconv.Itoa(os.Getpid())+".json")
+}
+
+// recorder writes this agent's record whenever what runs changes, until
+// stop is closed. Run by the agent's run group.
+func (a *Agent) recorder(stop <-chan struct{}) {
+	t := time.NewTicker(recordEvery)
+	defer t.Stop()
+	var last map[string][]workers.Process
+	for {
+		cur := a.processes()
+		if !reflect.DeepEqual(cur, last) {
+			if err := a.writeRecord(cur); err != nil {
+				a.log.Warn("record the running workers", "error", err)
+			} else {
+				last = cur
+			}
+		}
+		select {
+		case <-stop:
+			return
+		case <-a.changed:
+		case <-t.C:
+		}
+	}
+}
+
+// processesChanged wakes the recorder; safe to call from any goroutine.
+func (a *Agent) processesChanged() {
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) processes() map[string][]workers.Process {
+	out := map[string][]workers.Process{}
+	for _, rt := range a.appList() {
+		if ps := rt.sup.Processes(); len(ps) > 0 {
+			out[rt.name] = ps
+		}
+	}
+	return out
+}
+
+func (a *Agent) writeRecord(apps map[string][]workers.Process) error {
+	if err := os.MkdirAll(a.recordsDir(), 0o700); err != nil {
+		return err
+	}
+	start, _ := handoff.StartTime(os.Getpid())
+	b, err := json.Marshal(agentRecord{AgentPID: os.Getpid(), AgentStart: start, Apps: apps})
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(a.recordPath(), b, 0o600)
+}
+
+// removeRecord is the last step of a clean exit: nothing of this agent is
+// left to retire (its workers are stopped or the next agent recorded them).
+func (a *Agent) removeRecord() {
+	_ = os.Remove(a.recordPath())
+}
+
+// survivor is a worker process that an agent which is gone left running.
+type survivor struct {
+	app      string
+	p        workers.Process
+	agentPID int
+}
+
+// survivors lists the workers left by agents that are gone (their records,
+// which it returns too), except those this agent supervises (adopted).
+// Agents still alive (a previous agent draining after a handoff) keep
+// theirs.
+func (a *Agent) survivors() (out []survivor, records []string) {
+	ents, err := os.ReadDir(a.recordsDir())
+	if err != nil {
+		return nil, nil
+	}
+	mine := map[int]bool{}
+	for _, ps := range a.processes() {
+		for _, p := range ps {
+			mine[p.PID] = true
+		}
+	}
+	for _, e := range ents {
+		path := filepath.Join(a.recordsDir(), e.Name())
+		pid, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".json"))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(path)
+		var rec agentRecord
+		if err != nil || json.Unmarshal(b, &rec) != nil {
+			records = append(records, path)
+			continue
+		}
+		if handoff.Running(pid, rec.AgentStart) {
+			continue // that agent lives
+		}
+		records = append(records, path)
+		for app, ps := range rec.Apps {
+			for _, p := range ps {
+				if !mine[p.PID] {
+					out = append(out, survivor{app: app, p: p, agentPID: rec.AgentPID})
+				}
+			}
+		}
+	}
+	return out, records
+}
+
+// survivorSockets copies the listening sockets of one live survivor per app
+// (pidfd_getfd): they are still bound, so the registry adopts them as it
+// adopts systemd's instead of failing to bind the address again. The
+// survivors serve until this agent's workers are ready.
+func (a *Agent) survivorSockets(ss []survivor) []*handoff.Activated {
+	done := map[string]bool{}
+	var out []*handoff.Activated
+	for _, s := range ss {
+		if done[s.app] || len(s.p.Listen) == 0 {
+			continue
+		}
+		pfd, err := handoff.OpenPidfd(s.p.PID, s.p.StartTime)
+		if err != nil {
+			continue
+		}
+		held, err := pfd.Listeners()
+		pfd.Close()
+		// Only the sockets its app listens on, each once.
+		var got []*handoff.Activated
+		for _, l := range held {
+			if len(got) < len(s.p.Listen) && slices.ContainsFunc(s.p.Listen, func(w workers.Listen) bool {
+				return l.Matches(w.Network, w.Address)
+			}) {
+				got = append(got, l)
+			} else {
+				l.Close()
+			}
+		}
+		if err != nil || len(got) < len(s.p.Listen) {
+			// Exiting (a worker whose agent died gets EPIPE, often SIGPIPE,
+			// at its next output line) or not holding them: try the next one,
+			// and let a dying one free its address first.
+			a.log.Info("no listeners to take back from a worker left by a dead agent", "app", s.app, "pid", s.p.PID,
+				"found", len(got), "want", len(s.p.Listen), "error", err)
+			for _, l := range got {
+				l.Close()
+			}
+			waitGone(s.p, 2*time.Second)
+			continue
+		}
+		done[s.app] = true
+		out = append(out, got...)
+		a.log.Info("took the listeners back from a worker left by a dead agent", "app", s.app, "pid", s.p.PID,
+			"agent_pid", s.agentPID, "listeners", len(got))
+	}
+	return out
+}
+
+// waitGone waits up to bound for p to exit.
+func waitGone(p workers.Process, bound time.Duration) {
+	pfd, err := handoff.OpenPidfd(p.PID, p.StartTime)
+	if err != nil {
+		return
+	}
+	defer pfd.Close()
+	done := make(chan struct{})
+	go func() { _ = pfd.Wait(); close(done) }()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		pfd.Close() // ends the Wait
+		<-done
+	}
+}
+
+// retire stops every survivor (its stop signal, stop_timeout, then SIGKILL
+// to its group) and removes the records they came from.
+func (a *Agent) retire(ss []survivor, records []string) {
+	var wg sync.WaitGroup
+	for _, s := range ss {
+		wg.Go(func() {
+			if err := workers.Retire(s.p); err == nil {
+				a.log.Info("retired a worker left by an agent that died", "app", s.app, "worker", s.p.Slot,
+					"pid", s.p.PID, "agent_pid", s.agentPID)
+			}
+		})
+	}
+	wg.Wait()
+	for _, r := range records {
+		_ = os.Remove(r)
+	}
+}
+
+// retireLater retires survivors now that this agent's workers are ready:
+// those found at start; with a previous agent, those of agents gone once
+// it has exited (until then it owns its record, and it may be draining).
+func (a *Agent) retireLater() {
+	if !a.upg.HasParent() {
+		a.retire(a.found, a.foundRecords)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.settings.UpgradeTimeout+time.Minute)
+	err := a.upg.WaitForParent(ctx)
+	cancel()
+	if err == nil {
+		a.retire(a.survivors())
+	}
+}

@@ -1,0 +1,263 @@
+package integration
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// waitExited waits until every thread of pid has exited (its pidfd polls
+// readable): a zombie leader whose other threads still exit holds its fds.
+func waitExited(t *testing.T, pid int, bound time.Duration) {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, int(bound.Milliseconds())); err != nil || n == 0 {
+		t.Fatalf("process %d still running after %v", pid, bound)
+	}
+}
+
+// slotPIDs maps each slot of app to its current pid.
+func slotPIDs(st *api.Status, app string) map[int]int {
+	out := map[int]int{}
+	for _, w := range appOf(st, app).Workers {
+		out[w.Slot] = w.PID
+	}
+	return out
+}
+
+func TestAdoptedWorkersBehaveAsOwn(t *testing.T) {
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
+	a.UseOwnBinary()
+	a.Start()
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	before := slotPIDs(st, "web")
+	upgradeBy(t, a, "cli")
+	st = a.WaitFor("ready after upgrade", 10*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	if got := slotPIDs(st, "web"); got[0] != before[0] || got[1] != before[1] {
+		t.Fatalf("after the upgrade slots run %v, want the adopted %v", got, before)
+	}
+
+	// An adopted worker that dies is a crash: restarted, reported honestly.
+	if err := syscall.Kill(before[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	st = a.WaitFor("slot 0 replaced", 10*time.Second, func(st *api.Status) bool {
+		p := slotPIDs(st, "web")
+		return AllReady(st, "web", 2) && p[0] != before[0] && p[1] == before[1]
+	})
+	app := appOf(st, "web")
+	if !strings.Contains(app.LastExit, "status unknown: started by the previous agent") {
+		t.Errorf("last exit %q, want the honest status of an adopted worker", app.LastExit)
+	}
+	t.Logf("adopted worker %d SIGKILLed: replaced by %d; last exit %q", before[0], slotPIDs(st, "web")[0], app.LastExit)
+
+	// Reload replaces the adopted worker of slot 1 like any other.
+	a.WriteConfig(appConfig("web", port, 2, `env = { TESTAPP_ABRUPT_SIGTERM = "1", TESTAPP_TICK = "20ms", TESTAPP_VERSION = "v2" }`))
+	if r := a.CLI("reload", "web"); r.Code != 0 {
+		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
+	}
+	st = a.Status()
+	for pid, v := range identities(t, port, PIDs(appOf(st, "web"))) {
+		if v != "v2" || pid == before[1] {
+			t.Errorf("after the reload worker %d answers %s (adopted was %d)", pid, v, before[1])
+		}
+	}
+	if Alive(before[1]) {
+		t.Errorf("adopted worker %d still runs after the reload replaced it", before[1])
+	}
+
+	// Scale and stop act on adopted workers too: upgrade again first.
+	upgradeBy(t, a, "sighup")
+	st = a.WaitFor("ready after the second upgrade", 10*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	adopted := slotPIDs(st, "web")
+	if r := a.CLI("scale", "web", "1"); r.Code != 0 {
+		t.Fatalf("scale 1: exit %d\n%s", r.Code, r.Stderr)
+	}
+	waitAllGone(t, map[int]bool{adopted[1]: true}, 10*time.Second)
+	if r := a.CLI("stop", "web"); r.Code != 0 {
+		t.Fatalf("stop: exit %d\n%s", r.Code, r.Stderr)
+	}
+	waitAllGone(t, map[int]bool{adopted[0]: true}, 10*time.Second)
+}
+
+func TestUpgradeDoesNotWaitForSlowApps(t *testing.T) {
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, appConfig("web", port, 2, `ready_timeout = "30s"
+env = { TESTAPP_STARTUP_DELAY = "5s" }`))
+	a.UseOwnBinary()
+	a.Start()
+	st := a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	before := allWorkerPIDs(st)
+	stop := startLoad(t, port, 20, 2*time.Minute)
+	adopt := upgradeBy(t, a, "cli")
+	if got := allWorkerPIDs(a.Status()); !samePIDs(got, before) {
+		t.Errorf("upgrade: workers %v, want the same %v", keys(got), keys(before))
+	}
+	t0 := time.Now()
+	if r := a.CLI("upgrade", "--restart-workers"); r.Code != 0 {
+		t.Fatalf("upgrade --restart-workers: exit %d\n%s", r.Code, r.Stderr)
+	}
+	restart := time.Since(t0)
+	st = a.WaitFor("new workers ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	for pid := range allWorkerPIDs(st) {
+		if before[pid] {
+			t.Errorf("upgrade --restart-workers kept worker %d", pid)
+		}
+	}
+	ka, nka := stop()
+	requireNoFailures(t, "keep-alive clients", ka)
+	requireNoFailures(t, "new-connection clients", nka)
+	t.Logf("app starting in 5s: upgrade (adopting) took %v, upgrade --restart-workers %v", adopt, restart)
+	if adopt >= time.Second {
+		t.Errorf("an adopting upgrade took %v, want under 1s whatever the apps' start-up", adopt)
+	}
+	if restart < 5*time.Second {
+		t.Errorf("upgrade --restart-workers took %v: it should have waited for the new workers (5s)", restart)
+	}
+}
+
+func TestFailedUpgradeKeepsWorkersAndTheirLogs(t *testing.T) {
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
+	a.UseOwnBinary()
+	a.Start()
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	before := allWorkerPIDs(st)
+	pid0, _ := agentPID(t, a)
+	// The new agent's config changes the app (not adoptable) and its new
+	// workers never get ready: the new agent gives up.
+	a.WriteConfig(appConfig("web", port, 2, `ready_timeout = "1s"
+env = { TESTAPP_ABRUPT_SIGTERM = "1", TESTAPP_TICK = "20ms", TESTAPP_NEVER_READY = "true" }`))
+	if r := a.CLI("upgrade"); r.Code != 1 {
+		t.Fatalf("upgrade with never-ready workers: exit %d, want 1\n%s", r.Code, r.Stderr)
+	}
+	if pid, _ := agentPID(t, a); pid != pid0 {
+		t.Fatalf("agent %d serves, want the old %d", pid, pid0)
+	}
+	if got := allWorkerPIDs(a.Status()); !samePIDs(got, before) {
+		t.Fatalf("workers %v after the failed upgrade, want %v", keys(got), keys(before))
+	}
+	if _, err := get(t, port, "/"); err != nil {
+		t.Errorf("old agent's workers not serving: %v", err)
+	}
+	// Their output flows on: the old agent reads again.
+	n0 := len(ticks(t, a.Dir)[keys(before)[0]])
+	deadline := time.Now().Add(5 * time.Second)
+	for len(ticks(t, a.Dir)[keys(before)[0]]) < n0+20 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(ticks(t, a.Dir)[keys(before)[0]]); n < n0+20 {
+		t.Errorf("worker %d: %d tick lines, %d before: its output no longer reaches the log", keys(before)[0], n, n0)
+	}
+	a.WriteConfig(abruptApp(port, 2, ""))
+	upgradeBy(t, a, "cli")
+	if got := allWorkerPIDs(a.Status()); !samePIDs(got, before) {
+		t.Errorf("workers %v after the good upgrade, want %v", keys(got), keys(before))
+	}
+	a.Stop()
+	checkTicks(t, ticks(t, a.Dir), before)
+}
+
+func TestAgentKillAfterUpgradeLeavesNoWorkerUnsupervised(t *testing.T) {
+	port := FreePort(t)
+	// No tick: a worker that writes after its agent died gets SIGPIPE; this
+	// one survives, so the next agent must take its socket back and retire it.
+	a := NewAgentDir(t, bins, appConfig("web", port, 2, `env = { TESTAPP_ABRUPT_SIGTERM = "1" }`))
+	a.UseOwnBinary()
+	a.Start()
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	before := allWorkerPIDs(st)
+	upgradeBy(t, a, "cli")
+	pid, _ := agentPID(t, a)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExited(t, pid, 10*time.Second)
+	a.Start()
+	st = a.WaitFor("ready under a fresh agent", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	waitAllGone(t, before, 15*time.Second)
+	for p := range allWorkerPIDs(st) {
+		if before[p] {
+			t.Errorf("worker %d of the killed agent listed again", p)
+		}
+	}
+	t.Logf("adopted workers %v retired by the agent started after the SIGKILL; now %v", keys(before), keys(allWorkerPIDs(st)))
+}
+
+// TestUpgradesWhileWorkersAreKilled is a chaos run: a worker is SIGKILLed
+// every 150 ms while upgrades of all three kinds run. Every upgrade must
+// succeed, the pool must come back whole, and no worker seen on the way
+// may be left running unsupervised.
+func TestUpgradesWhileWorkersAreKilled(t *testing.T) {
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, appConfig("web", port, 3, `[apps.web.restart]
+max_restarts = 1000`))
+	a.UseOwnBinary()
+	a.Start()
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 3) })
+	stop := startLoad(t, port, 20, 2*time.Minute)
+	seen := map[int]bool{}
+	done, stopKills := make(chan struct{}), make(chan struct{})
+	killed := 0
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-time.After(150 * time.Millisecond):
+			case <-stopKills:
+				return
+			}
+			st, err := a.Client.Status(t.Context(), "")
+			if err != nil {
+				continue
+			}
+			ws := appOf(st, "web").Workers
+			if len(ws) == 0 {
+				continue
+			}
+			pid := ws[i%len(ws)].PID
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
+			}
+		}
+	}()
+	kinds := []string{"cli", "sighup", "binary"}
+	for i := 0; i < 10; i++ {
+		for p := range allWorkerPIDs(a.Status()) {
+			seen[p] = true
+		}
+		upgradeBy(t, a, kinds[i%3])
+	}
+	close(stopKills)
+	<-done
+	st := a.WaitFor("whole again", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 3) })
+	ka, nka := stop()
+	final := allWorkerPIDs(st)
+	for p := range seen {
+		if final[p] {
+			continue
+		}
+		for deadline := time.Now().Add(10 * time.Second); Alive(p) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if Alive(p) {
+			t.Errorf("worker %d is still running but no agent lists it", p)
+		}
+	}
+	t.Logf("10 upgrades while %d workers were SIGKILLed: pool whole (%v), %d pids seen; load: keep-alive %s; new-connection %s",
+		killed, keys(final), len(seen), ka, nka)
+	if ka.Requests == 0 || nka.Requests == 0 {
+		t.Error("the load sent no request")
+	}
+}

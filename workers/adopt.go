@@ -1,0 +1,198 @@
+package workers
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers/logs"
+)
+
+// Adopt starts the pool on its spec from workers a previous agent handed
+// over (hs, with their files set): each whose process is still the
+// recorded one (pid and start time, through a pidfd) and whose spec
+// identity is the pool's becomes its slot's worker, untouched — no signal,
+// same pid, its output and notify messages read on from where the previous
+// agent paused. Every other slot gets a new worker, waited for as by Start.
+// Handed-over workers it does not adopt (another spec, a slot beyond the
+// instances, a duplicate) are kept aside as leftovers: StopLeftovers stops
+// them (their own stop signal) once the agent has taken over; until then
+// they belong to the previous agent. With no handovers it is Start.
+func (s *Supervisor) Adopt(hs []*Handover) error {
+	o, err := s.begin("adopt the running workers", nil)
+	if err != nil {
+		for _, h := range hs {
+			h.closeFiles(true)
+		}
+		return err
+	}
+	defer o.end()
+	spec := s.Spec()
+	id := spec.Identity()
+	adopted := map[int]*Worker{}
+	counters := map[int]*Handover{}
+	var retire []*Worker
+	for _, h := range hs {
+		match := h.Identity == id && h.Slot >= 0 && h.Slot < spec.Instances && adopted[h.Slot] == nil
+		wspec := spec
+		if !match {
+			ws := *spec
+			ws.StopSignal, ws.StopTimeout, ws.Node = h.StopSignal, h.StopTimeout, nil
+			wspec = &ws
+		}
+		w, err := adoptWorker(s.args(), wspec, h)
+		if err != nil {
+			s.log.Warn("worker of the previous agent not adopted", "worker", h.Slot, "pid", h.PID, "error", err)
+			continue
+		}
+		if !match {
+			s.log.Info("retiring a worker of the previous agent: its spec differs", "worker", h.Slot, "pid", h.PID)
+			retire = append(retire, w)
+			continue
+		}
+		adopted[h.Slot], counters[h.Slot] = w, h
+	}
+	o.change(func(st *state) {
+		st.leftovers = retire
+		st.adopted = map[*Worker]bool{}
+		for _, w := range adopted {
+			st.adopted[w] = true
+		}
+	})
+	return o.startAdopting(spec, adopted, counters)
+}
+
+// StopLeftovers stops the handed-over workers Adopt did not adopt; call it
+// once this agent has taken over from the previous one.
+func (s *Supervisor) StopLeftovers() {
+	var ws []*Worker
+	s.call(func(st *state) { ws, st.leftovers = st.leftovers, nil })
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Go(func() { w.stop(Stopping) })
+	}
+	wg.Wait()
+}
+
+// LetGo ends a supervisor of an agent that gives up before it took over:
+// it stops the workers it started and leaves every worker it adopted (and
+// the leftovers) to the previous agent, which keeps them. Safe to call
+// twice; after Stop or Release it does nothing.
+func (s *Supervisor) LetGo() {
+	s.stopOnce.Do(func() {
+		var running *opInfo
+		s.call(func(st *state) {
+			st.closing = true
+			close(s.cancel)
+			running = st.op
+			st.handedOver = st.adopted
+			st.leftovers = nil
+		})
+		if running != nil {
+			<-running.done
+		}
+		o := s.newOp("stop", "", nil)
+		o.stopAll(Stopping) // skips the adopted workers
+		o.change(func(st *state) { st.closeSubs() })
+		close(s.quit)
+		<-s.done
+	})
+}
+
+// startAdopting is startAll with the adopted workers in their slots.
+func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Handover) error {
+	s := o.s
+	var slots []*slot
+	o.change(func(st *state) {
+		slots = newSlots(0, spec.Instances, spec)
+		s.setApp(st, AppStarting, func() { st.spec, st.slots = spec, slots })
+	})
+	var started []*Worker
+	var errs []error
+	for _, sl := range slots {
+		if w := adopted[sl.index]; w != nil {
+			h := hs[sl.index]
+			s.log.Info("worker adopted", "worker", sl.index, "pid", w.PID, "release", w.Release)
+			o.publish(Event{Type: EventStarted, Slot: sl.index, PID: w.PID, Release: w.Release, Message: "adopted"},
+				func(st *state) {
+					sl.cur = w
+					sl.restarts, sl.memoryReplacements, sl.watchdogReplacements =
+						h.Restarts, h.MemoryReplacements, h.WatchdogReplacements
+					st.sampleOne(s.fs, w)
+					s.watch(sl, w)
+				})
+			started = append(started, w)
+			continue
+		}
+		w, err := spawn(s.args(), spec, sl.index)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("worker %d: %w", sl.index, err))
+			dw := deadWorker(sl.index, spec, err)
+			o.publish(Event{Type: EventFailed, Slot: sl.index, Release: spec.Release, Message: err.Error()},
+				func(st *state) { sl.cur = dw; s.watch(sl, dw) })
+			continue
+		}
+		s.log.Info("worker started", "worker", sl.index, "pid", w.PID, "release", spec.Release)
+		o.publish(Event{Type: EventStarted, Slot: sl.index, PID: w.PID, Release: spec.Release},
+			func(st *state) { sl.cur = w; st.sampleOne(s.fs, w); s.watch(sl, w) })
+		started = append(started, w)
+	}
+	errs = append(errs, o.waitAllReady(started, spec)...)
+	o.change(func(st *state) {
+		if st.app == AppStarting {
+			s.setApp(st, AppRunning, nil)
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// adoptWorker makes a Worker of a process a previous agent started, after
+// checking through a pidfd that it is still that process. On error h's
+// files are closed.
+func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
+	pfd, err := handoff.OpenPidfd(h.PID, h.StartTime)
+	if err != nil {
+		h.closeFiles(true)
+		return nil, err
+	}
+	nf, out, errR := h.files["notify"], h.files["out"], h.files["err"]
+	if nf == nil || out == nil || errR == nil {
+		pfd.Close()
+		h.closeFiles(true)
+		return nil, fmt.Errorf("pid %d: its notify socket or output pipes did not cross", h.PID)
+	}
+	notify, err := handoff.NotifyFromFile(nf)
+	nf.Close()
+	if err != nil {
+		pfd.Close()
+		h.closeFiles(true)
+		return nil, err
+	}
+	c := &channels{notify: notify, outR: out, errR: errR}
+	if f := h.files["ipc"]; f != nil {
+		c.ipc = &handoff.IPCChannel{Parent: f}
+	}
+	if f := h.files["node"]; f != nil {
+		if spec.Node != nil {
+			c.node = &nodeStart{ch: &handoff.IPCChannel{Parent: f}}
+		} else {
+			f.Close()
+		}
+	}
+	w := &Worker{
+		Slot: h.Slot, PID: h.PID, Release: h.Release, Generation: h.Generation, Started: h.Started,
+		spec: spec, pidfd: pfd, startTime: h.StartTime, tail: logs.NewTail(tailLines),
+		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, status: h.Status,
+		// The watchdog counts from the adoption: the handoff paused the
+		// reading of its WATCHDOG=1 messages.
+		watchdog: time.Now(),
+	}
+	if !h.ReadyAt.IsZero() {
+		w.state, w.readyAt = Ready, h.ReadyAt
+		w.readyOnce.Do(func() { close(w.ready) })
+	}
+	w.serve(a, spec, c, h.Pending)
+	return w, nil
+}

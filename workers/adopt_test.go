@@ -1,0 +1,157 @@
+package workers
+
+import (
+	"encoding/json"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/handoff"
+)
+
+// handOverTo passes hs through a real handover channel, as to a next agent.
+func handOverTo(t *testing.T, hs []*Handover) []*Handover {
+	t.Helper()
+	mine, theirs, err := handoff.NewHandoverChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer theirs.Close()
+	var ps []handoff.Parcel
+	for _, h := range hs {
+		b, _ := json.Marshal(h)
+		ps = append(ps, handoff.Parcel{Header: b, Files: h.Files()})
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- handoff.SendParcels(mine, ps, time.Now().Add(5*time.Second)) }()
+	got, err := handoff.ReceiveParcels(theirs, time.Now().Add(5*time.Second))
+	if err != nil || <-sent != nil {
+		t.Fatalf("handover: %v", err)
+	}
+	for _, h := range hs {
+		h.ReleaseFiles()
+	}
+	var out []*Handover
+	for _, p := range got {
+		var h Handover
+		if err := json.Unmarshal(p.Header, &h); err != nil {
+			t.Fatal(err)
+		}
+		h.SetFiles(p.Files)
+		out = append(out, &h)
+	}
+	return out
+}
+
+var tickLine = regexp.MustCompile(`^tick (\d+)$`)
+
+// ticksOf returns the tick numbers in lines.
+func ticksOf(lines []string) []int {
+	var out []int
+	for _, l := range lines {
+		if m := tickLine.FindStringSubmatch(l); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func TestHandOverAndAdoptKeepTheProcessAndItsOutput(t *testing.T) {
+	spec := testSpec(t, newListener(t), "ticker", 2)
+	old := New(Options{App: "web", Shim: testBinary(t)}, spec)
+	mustStart(t, old)
+	before := pids(currentWorkers(old))
+	waitFor(t, "ticks", func() bool { return len(ticksOf(currentWorkers(old)[0].LastLines())) > 3 })
+
+	hs, err := old.HandOver()
+	if err != nil || len(hs) != 2 {
+		t.Fatalf("HandOver: %d workers, %v", len(hs), err)
+	}
+	if err := old.Reload(nextSpec(spec, "ticker"), Rolling, nil); err == nil {
+		t.Error("a reload during a handover was admitted")
+	}
+	got := handOverTo(t, hs)
+	old.Release()
+	for _, pid := range before {
+		if processGone(pid) {
+			t.Fatalf("worker %d stopped by Release", pid)
+		}
+	}
+
+	next := newSupervisor(t, spec)
+	if err := next.Adopt(got); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	ws := currentWorkers(next)
+	if after := pids(ws); after[0] != before[0] || after[1] != before[1] {
+		t.Fatalf("adopted %v, want %v", after, before)
+	}
+	// Output goes on, continuing the numbering, and so do notify messages.
+	waitFor(t, "ticks read by the adopter", func() bool { return len(ticksOf(ws[0].LastLines())) > 3 })
+	if first := ticksOf(ws[0].LastLines())[0]; first <= 3 {
+		t.Errorf("the adopter's first tick is %d: the numbering restarted", first)
+	}
+	s0 := next.Status().Workers[0].Status
+	waitFor(t, "a new STATUS= through the adopted notify socket", func() bool {
+		s := next.Status().Workers[0].Status
+		return strings.HasPrefix(s, "tick ") && s != s0
+	})
+	if st := next.Status(); st.State != AppRunning || st.Workers[0].State != Ready || st.Workers[0].Uptime < 20*time.Millisecond {
+		t.Errorf("status after adoption: %+v", st)
+	}
+	// Stop uses the pidfd: the process exits, its status unknown here.
+	next.Stop()
+	for _, pid := range before {
+		waitFor(t, "adopted worker gone", func() bool { return processGone(pid) })
+	}
+	if d := ws[0].ExitDescription(); d != errAdoptedExit.Error() {
+		t.Errorf("exit description %q", d)
+	}
+}
+
+func TestAdoptRefusesAnotherProcess(t *testing.T) {
+	spec := testSpec(t, newListener(t), "ticker", 1)
+	old := newSupervisor(t, spec)
+	mustStart(t, old)
+	hs, err := old.HandOver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := handOverTo(t, hs)
+	got[0].StartTime++ // as if the pid had been reused
+	old.Resume()
+	next := newSupervisor(t, spec)
+	if err := next.Adopt(got); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	if p := pids(currentWorkers(next)); p[0] == pids(currentWorkers(old))[0] {
+		t.Fatalf("adopted pid %d despite another start time", p[0])
+	}
+}
+
+func TestAdoptNodeIPCWorker(t *testing.T) {
+	spec := testSpec(t, newListener(t), "node-ipc-ready", 1)
+	spec.Ready = ReadyPolicy{Mode: ReadyNodeIPC}
+	old := New(Options{App: "web", Shim: testBinary(t)}, spec)
+	mustStart(t, old)
+	before := pids(currentWorkers(old))
+	hs, err := old.HandOver()
+	if err != nil || len(hs) != 1 || !slices.Contains(hs[0].Streams, "ipc") {
+		t.Fatalf("HandOver: %+v, %v", hs, err)
+	}
+	got := handOverTo(t, hs)
+	old.Release()
+	next := newSupervisor(t, spec)
+	if err := next.Adopt(got); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	if after := pids(currentWorkers(next)); after[0] != before[0] {
+		t.Fatalf("adopted %v, want %v", after, before)
+	}
+	next.Stop()
+	waitFor(t, "adopted worker gone", func() bool { return processGone(before[0]) })
+}

@@ -1,0 +1,231 @@
+package workers
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"slices"
+	"sort"
+	"syscall"
+	"time"
+)
+
+// Handover describes one running worker that an agent hands to the next
+// one across a handoff; the next agent adopts it (Adopt) without a signal
+// to the process. It crosses as JSON; its channel ends cross as files.
+type Handover struct {
+	Slot       int    `json:"slot"`
+	PID        int    `json:"pid"`
+	StartTime  uint64 `json:"start_time"` // /proc/PID/stat field 22
+	Generation int    `json:"generation"`
+	Release    string `json:"release"`
+	// Identity is its spec's (Spec.Identity): the next agent adopts it only
+	// if its own spec for the app has the same.
+	Identity string    `json:"identity"`
+	Started  time.Time `json:"started"`
+	ReadyAt  time.Time `json:"ready_at"`
+	Status   string    `json:"status,omitempty"`
+	// Restarts and the monitor's replacements are the slot's counters.
+	Restarts             int `json:"restarts"`
+	MemoryReplacements   int `json:"memory_replacements"`
+	WatchdogReplacements int `json:"watchdog_replacements"`
+	// StopSignal and StopTimeout let the next agent retire a worker it
+	// does not adopt (its app was removed or changed) the way it was asked
+	// to stop.
+	StopSignal  syscall.Signal `json:"stop_signal"`
+	StopTimeout time.Duration  `json:"stop_timeout"`
+	// Pending is the start of a line each reader had read when it paused,
+	// by stream (out, err, ipc, node).
+	Pending map[string][]byte `json:"pending,omitempty"`
+	// Streams names the files that cross with it, in order.
+	Streams []string `json:"streams"`
+
+	files map[string]*os.File
+}
+
+// Files returns the channel ends in Streams order (the sender's own: it
+// must not close them).
+func (h *Handover) Files() []*os.File {
+	out := make([]*os.File, 0, len(h.Streams))
+	for _, s := range h.Streams {
+		out = append(out, h.files[s])
+	}
+	return out
+}
+
+// SetFiles gives the receiver's files, in Streams order; Adopt owns them.
+func (h *Handover) SetFiles(fs []*os.File) {
+	h.files = map[string]*os.File{}
+	for i, s := range h.Streams {
+		if i < len(fs) {
+			h.files[s] = fs[i]
+		}
+	}
+	for _, f := range fs[min(len(h.Streams), len(fs)):] {
+		f.Close()
+	}
+}
+
+// Close closes the files the handover owns: the notify socket's copy on the
+// sender's side, every file on the receiver's once not adopted.
+func (h *Handover) closeFiles(all bool) {
+	for name, f := range h.files {
+		if all || name == "notify" {
+			f.Close()
+		}
+	}
+}
+
+// ReleaseFiles closes the sender's copy of the notify socket once sent.
+func (h *Handover) ReleaseFiles() { h.closeFiles(false) }
+
+// Identity names what the spec's workers run and how they are attached to
+// the agent: two specs with the same can share workers (an agent upgrade
+// adopts them). Timeouts, signals and limits are not part of it: they apply
+// to adopted workers as to new ones.
+func (s *Spec) Identity() string {
+	type lis struct{ Key, Name string }
+	id := struct {
+		Release, Dir, Ready string
+		Argv, Env           []string
+		UID, GID            int64
+		Groups              []uint32
+		Listeners           []lis
+		Node, Indirect, Pin bool
+	}{Release: s.Release, Dir: s.Dir, Ready: string(s.Ready.Mode), Argv: s.Argv, Env: slices.Clone(s.Env),
+		UID: -1, GID: -1, Pin: s.CPUAffinity}
+	sort.Strings(id.Env)
+	if c := s.Credential; c != nil {
+		id.UID, id.GID, id.Groups = int64(c.Uid), int64(c.Gid), c.Groups
+	}
+	for _, l := range s.Listeners {
+		id.Listeners = append(id.Listeners, lis{l.Key(), l.Name})
+	}
+	if s.Node != nil {
+		id.Node, id.Indirect = true, s.Node.Indirect
+	}
+	b, _ := json.Marshal(id)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
+}
+
+// handover is what a supervisor handed over: its frozen operation and the
+// workers described.
+type handover struct {
+	op      *op
+	workers map[*Worker]bool
+}
+
+// HandOver freezes the pool for an agent upgrade (other operations get a
+// *BusyError), pauses the readers of every ready current worker and
+// describes them. The caller passes them on, then calls Resume (the
+// handoff failed: nothing changed) or Release (the next agent has them).
+// A worker not ready or being replaced is not handed over: the next agent
+// starts one for its slot and this one stops it in Release.
+func (s *Supervisor) HandOver() ([]*Handover, error) {
+	o, err := s.begin("agent upgrade", nil)
+	if err != nil {
+		return nil, err
+	}
+	type item struct {
+		w *Worker
+		// the slot's counters, read in the loop that owns them
+		restarts, memory, watchdog int
+	}
+	var items []item
+	ho := &handover{op: o, workers: map[*Worker]bool{}}
+	o.change(func(st *state) {
+		for _, sl := range st.slots {
+			w := sl.cur
+			if w == nil || w.pz == nil || len(sl.extra) > 0 || w.State() != Ready {
+				continue
+			}
+			items = append(items, item{w, sl.restarts, sl.memoryReplacements, sl.watchdogReplacements})
+			ho.workers[w] = true
+		}
+		st.handover = ho
+	})
+	var out []*Handover
+	for _, it := range items {
+		h := it.w.describe()
+		if h == nil {
+			// Not described: it keeps being read here, and the next agent
+			// starts a worker for its slot; Release stops this one.
+			o.change(func(*state) { delete(ho.workers, it.w) })
+			continue
+		}
+		h.Restarts, h.MemoryReplacements, h.WatchdogReplacements = it.restarts, it.memory, it.watchdog
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// describe pauses w's readers and describes it, nil if its notify socket
+// cannot be copied (it is then not handed over: it keeps reading).
+func (w *Worker) describe() *Handover {
+	nf, err := w.notify.File()
+	if err != nil {
+		return nil
+	}
+	pending := w.pz.pause()
+	w.mu.Lock()
+	h := &Handover{Slot: w.Slot, PID: w.PID, StartTime: w.startTime, Generation: w.Generation,
+		Release: w.Release, Identity: w.spec.Identity(), Started: w.Started, ReadyAt: w.readyAt,
+		Status: w.status, StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Pending: pending,
+		files: map[string]*os.File{"notify": nf}}
+	w.mu.Unlock()
+	h.Streams = append(h.Streams, "notify")
+	for _, name := range []string{"out", "err", "ipc", "node"} {
+		if f := w.ends[name]; f != nil {
+			h.files[name] = f
+			h.Streams = append(h.Streams, name)
+		}
+	}
+	return h
+}
+
+// Resume undoes HandOver after a failed handoff: the readers read on and
+// operations are admitted again.
+func (s *Supervisor) Resume() {
+	var ho *handover
+	s.call(func(st *state) { ho, st.handover = st.handover, nil })
+	if ho == nil {
+		return
+	}
+	for w := range ho.workers {
+		w.pz.resume()
+	}
+	ho.op.end()
+}
+
+// Release ends the supervisor after a successful handoff: the workers it
+// handed over keep running untouched (the next agent has them; their
+// readers here end), every other one is stopped as by Stop. Without a
+// HandOver it is Stop. Safe to call twice; Stop after it does nothing.
+func (s *Supervisor) Release() { s.stopOnce.Do(s.release) }
+
+func (s *Supervisor) release() {
+	var ho *handover
+	s.call(func(st *state) { ho, st.handover = st.handover, nil })
+	if ho == nil {
+		s.stop()
+		return
+	}
+	for w := range ho.workers {
+		w.pz.release()
+	}
+	s.call(func(st *state) {
+		st.closing = true
+		close(s.cancel)
+		st.handedOver = ho.workers
+	})
+	ho.op.end()
+	o := s.newOp("stop", "", nil)
+	o.stopAll(Stopping) // skips the handed-over workers
+	o.change(func(st *state) { st.closeSubs() })
+	close(s.quit)
+	<-s.done
+	// Not s.wg.Wait(): the watchers of handed-over workers wait for
+	// processes that outlive this agent.
+}
