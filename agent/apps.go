@@ -163,7 +163,7 @@ func wants(app *config.App) []handoff.Want {
 	out := make([]handoff.Want, 0, len(app.Listen))
 	for _, l := range app.Listen {
 		out = append(out, handoff.Want{URL: l.URL, Network: l.Network, Address: l.Address, Name: l.Name,
-			Nonblocking: app.Nonblocking})
+			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay})
 	}
 	return out
 }
@@ -198,7 +198,8 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 	}
 	rt.sup = workers.New(workers.Options{
 		App: app.Name, Shim: a.shim, Out: rt.out, Err: rt.err, Logger: a.log.Named("workers"),
-		Changed: a.processesChanged,
+		Changed:   a.processesChanged,
+		NotifyDir: filepath.Join(a.settings.StateDir, "run", "notify"),
 	}, spec)
 	return rt, nil
 }
@@ -229,7 +230,8 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 	spec := &workers.Spec{
 		Release: release, Generation: gen, Argv: argv, Dir: dir,
 		Env: append(handoff.WorkerEnv(os.Environ()), app.Env...), Credential: cred, Instances: instances,
-		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, StopSignal: app.StopSignal,
+		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, MinReady: app.MinReady,
+		StopSignal:  app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
 	}

@@ -162,7 +162,7 @@ func appStatus(rt *appRT) api.App {
 		state = "no release"
 	}
 	app := api.App{Name: rt.name, State: state, Release: s.Release, Instances: s.Instances,
-		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Workers: []api.Worker{},
+		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Warnings: s.Warnings, Workers: []api.Worker{},
 		DroppedLogLines: droppedLogLines(rt)}
 	for _, l := range rt.config().Listen {
 		app.Listen = append(app.Listen, l.URL)

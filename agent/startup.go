@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/release"
 	"github.com/deployd/deployd/workers"
 )
@@ -37,6 +38,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 	if a.inherited, err = a.receiveHandover(); err != nil {
 		return fmt.Errorf("read the previous agent's handover: %w", err)
 	}
+	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {

@@ -110,8 +110,9 @@ func configCommand() *cli.Command {
 					if len(ls) == 0 {
 						ls = []string{"none"}
 					}
-					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, node %s\n",
-						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw, nodeMode(a))
+					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
+						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw,
+						a.MinReady, a.TCPNoDelay, nodeMode(a))
 				}
 				for _, p := range cfg.Warnings {
 					fmt.Fprintf(c.App.ErrWriter, "deployd: warning: %s\n", p)

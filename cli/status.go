@@ -76,6 +76,9 @@ func printStatus(out io.Writer, st *api.Status) {
 	}
 	tw.Flush()
 	for _, a := range st.Apps {
+		for _, w := range a.Warnings {
+			fmt.Fprintf(out, "\n%s: warning: listener %s\n", a.Name, w)
+		}
 		if a.DroppedLogLines > 0 {
 			fmt.Fprintf(out, "\n%s: %d log lines dropped (log_dir full or too slow; the log marks where)\n", a.Name, a.DroppedLogLines)
 		}
@@ -100,13 +103,30 @@ func printStatus(out io.Writer, st *api.Status) {
 				fmt.Fprintf(out, "%s[%d] pid %d: %s\n", a.Name, w.Slot, w.PID, w.Status)
 			}
 		}
-		if a.LastExit != "" && a.State == "errored" {
+		switch {
+		case a.LastExit == "":
+		case a.State == "errored":
 			fmt.Fprintf(out, "last exit: %s\n", a.LastExit)
 			for _, l := range a.LastLines {
 				fmt.Fprintf(out, "  | %s\n", l)
 			}
+		case crashing(a) && len(a.LastLines) > 0:
+			fmt.Fprintf(out, "\n%s: last exit: %s\n  | %s\n", a.Name, a.LastExit, a.LastLines[len(a.LastLines)-1])
+		case crashing(a):
+			fmt.Fprintf(out, "\n%s: last exit: %s\n", a.Name, a.LastExit)
 		}
 	}
+}
+
+// crashing reports whether a worker of a has crashed and is not serving
+// again yet: exited (a restart is due), or restarted and still starting.
+func crashing(a api.App) bool {
+	for _, w := range a.Workers {
+		if w.State == "exited" || (w.State == "starting" && w.Restarts > 0) {
+			return true
+		}
+	}
+	return false
 }
 
 func fmtDuration(sec float64) string {

@@ -217,6 +217,46 @@ func removeStaleUnix(path string) error {
 	return nil
 }
 
+// SetNoDelay sets or clears TCP_NODELAY on a TCP listening socket; Linux
+// copies it to every connection accepted afterwards, so servers that never
+// set it themselves (uvicorn on an inherited fd) do not wait on Nagle's
+// algorithm. A unix listener is left alone.
+func (l *Listener) SetNoDelay(on bool) error {
+	if l.Network == "unix" {
+		return nil
+	}
+	fd, err := l.Fd()
+	if err != nil {
+		return err
+	}
+	v := 0
+	if on {
+		v = 1
+	}
+	if err := unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, v); err != nil {
+		return fmt.Errorf("set TCP_NODELAY on %s %s: %w", l.Network, l.Address, err)
+	}
+	return nil
+}
+
+// AcceptQueue returns how many connections wait in a TCP listener's accept
+// queue and its backlog (TCP_INFO of a listening socket: tcpi_unacked and
+// tcpi_sacked). ok is false for a unix listener or a closed one.
+func (l *Listener) AcceptQueue() (queued, backlog int, ok bool) {
+	if l.Network == "unix" {
+		return 0, 0, false
+	}
+	fd, err := l.Fd()
+	if err != nil {
+		return 0, 0, false
+	}
+	info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, 0, false
+	}
+	return int(info.Unacked), int(info.Sacked), true
+}
+
 // LocalAddr returns the bound address (a configured port 0 shows the real one).
 func (l *Listener) LocalAddr() (string, error) {
 	fd, err := l.Fd()

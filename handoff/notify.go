@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,17 +41,117 @@ func ParseNotify(b []byte) Notify {
 type NotifySocket struct {
 	conn *net.UnixConn
 	addr string
+	// dir is the socket's own folder, removed by Close; "" for an abstract
+	// socket.
+	dir string
+	// fallback is why no path socket could be made (nil when it was).
+	fallback error
 }
 
-// ListenNotify opens an abstract-namespace unixgram socket for NOTIFY_SOCKET
-// (the "@" form of the sd_notify protocol: no file to clean up, no path
-// length trouble).
-func ListenNotify() (*NotifySocket, error) {
+// maxSunPath is the room for a socket path in sockaddr_un (108 bytes with
+// the terminating NUL).
+const maxSunPath = 107
+
+// ListenNotify opens the unixgram socket for one worker's NOTIFY_SOCKET: a
+// file path, as systemd's own /run/systemd/notify, because common sd_notify
+// clients (Ruby's sd_notify gem, used by Puma) cannot reach abstract
+// sockets. The socket is base/<random>/notify; its folder (mode 0700) and
+// the socket (mode 0600) belong to uid when uid >= 0 and the agent may
+// chown (root), so only the worker's user (and root) can reach it. Close
+// removes both. Where no path can be made (base is "", cannot be created,
+// or the path is too long for a socket address), it falls back to an
+// abstract "@deployd/..." socket and Fallback says why.
+func ListenNotify(base string, uid int) (*NotifySocket, error) {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}
-	addr := fmt.Sprintf("@deployd/%d/%s/notify", os.Getpid(), hex.EncodeToString(b[:]))
+	name := hex.EncodeToString(b[:])
+	fallback := errors.New("no notify folder configured")
+	if base != "" {
+		s, err := listenNotifyPath(base, name, uid)
+		if err == nil {
+			return s, nil
+		}
+		fallback = err
+	}
+	s, err := listenNotifyAt(fmt.Sprintf("@deployd/%d/%s/notify", os.Getpid(), name))
+	if err != nil {
+		return nil, err
+	}
+	s.fallback = fallback
+	return s, nil
+}
+
+// RemoveStaleNotify removes the folders in base whose notify socket no one
+// has bound any more (left by an agent that was killed). A socket still
+// bound, e.g. one a previous agent handed over with its workers, is kept.
+func RemoveStaleNotify(base string) {
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		dir := filepath.Join(base, e.Name())
+		c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: filepath.Join(dir, "notify"), Net: "unixgram"})
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+			os.RemoveAll(dir)
+		}
+	}
+}
+
+// listenNotifyPath makes base/name/notify, owned by uid.
+func listenNotifyPath(base, name string, uid int) (*NotifySocket, error) {
+	dir := filepath.Join(base, name)
+	path := filepath.Join(dir, "notify")
+	if len(path) > maxSunPath {
+		return nil, fmt.Errorf("notify socket path %s is longer than %d bytes", path, maxSunPath)
+	}
+	// 0711: workers of other users traverse base, but cannot list it.
+	if err := os.MkdirAll(base, 0o711); err != nil {
+		return nil, fmt.Errorf("notify folder: %w", err)
+	}
+	_ = os.Chmod(base, 0o711) // whatever the agent's umask (best effort: base may not be ours)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("notify folder: %w", err)
+	}
+	s, err := listenNotifyAt(path)
+	if err == nil {
+		s.dir = dir
+		err = ownNotify(dir, path, uid)
+		if err != nil {
+			s.Close()
+		}
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// ownNotify hands the socket and its folder to uid (when the agent runs
+// as another user, i.e. as root) and makes the socket 0600.
+func ownNotify(dir, path string, uid int) error {
+	if uid >= 0 && uid != os.Geteuid() {
+		for _, p := range []string{dir, path} {
+			if err := os.Chown(p, uid, -1); err != nil {
+				return fmt.Errorf("notify socket: chown to uid %d: %w", uid, err)
+			}
+		}
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		return fmt.Errorf("notify socket: %w", err)
+	}
+	return nil
+}
+
+// listenNotifyAt binds addr ("@..." is abstract) with SO_PASSCRED on.
+func listenNotifyAt(addr string) (*NotifySocket, error) {
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: addr, Net: "unixgram"})
 	if err != nil {
 		return nil, fmt.Errorf("notify socket: %w", err)
@@ -70,6 +172,10 @@ func ListenNotify() (*NotifySocket, error) {
 	}
 	return &NotifySocket{conn: conn, addr: addr}, nil
 }
+
+// Fallback is why the socket is abstract instead of a path; nil for a
+// path socket.
+func (s *NotifySocket) Fallback() error { return s.fallback }
 
 // Addr is the value for NOTIFY_SOCKET.
 func (s *NotifySocket) Addr() string { return s.addr }
@@ -113,9 +219,13 @@ func sender(oob []byte) (pid, uid int, ok bool) {
 	return 0, 0, false
 }
 
-// Close stops Serve. Safe to call twice.
+// Close stops Serve and removes a path socket and its folder. Safe to
+// call twice.
 func (s *NotifySocket) Close() error {
 	err := s.conn.Close()
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -38,5 +39,9 @@ func NotifyFromFile(f *os.File) (*NotifySocket, error) {
 	if a, ok := uc.LocalAddr().(*net.UnixAddr); ok {
 		addr = a.Name
 	}
-	return &NotifySocket{conn: uc, addr: addr}, nil
+	s := &NotifySocket{conn: uc, addr: addr}
+	if addr != "" && addr[0] != '@' {
+		s.dir = filepath.Dir(addr) // removed by Close once the adopted worker is gone
+	}
+	return s, nil
 }

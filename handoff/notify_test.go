@@ -1,12 +1,15 @@
 package handoff
 
 import (
+	"fmt"
 	"io"
 	"maps"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,12 +69,17 @@ func sendNotify(t *testing.T, addr, msg string) {
 }
 
 func TestNotifySocketFromThisProcess(t *testing.T) {
-	s, err := ListenNotify()
+	base := filepath.Join(shortDir(t), "notify")
+	s, err := ListenNotify(base, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(s.Addr(), "@deployd/") {
-		t.Errorf("Addr() = %q, want an abstract @deployd/... address", s.Addr())
+	if s.Fallback() != nil || !strings.HasPrefix(s.Addr(), base+"/") {
+		t.Errorf("Addr() = %q (fallback %v), want a path under %s", s.Addr(), s.Fallback(), base)
+	}
+	fi, err := os.Lstat(s.Addr())
+	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket file: %v, %v; want a socket of mode 0600", fi, err)
 	}
 	ch := serveNotify(t, s)
 	sendNotify(t, s.Addr(), "READY=1\nSTATUS=warming up: 50%=half")
@@ -88,7 +96,7 @@ func TestNotifySocketFromThisProcess(t *testing.T) {
 // The kernel stamps the sender's pid when the datagram is sent, so it is
 // right even after the sender has exited.
 func TestNotifySocketFromChild(t *testing.T) {
-	s, err := ListenNotify()
+	s, err := ListenNotify(shortDir(t), -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,11 +121,12 @@ func TestNotifySocketFromChild(t *testing.T) {
 
 func TestNotifySocketClose(t *testing.T) {
 	before := fdCount(t)
-	s, err := ListenNotify()
+	base := shortDir(t)
+	s, err := ListenNotify(base, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := ListenNotify()
+	other, err := ListenNotify(base, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,6 +155,85 @@ func TestNotifySocketClose(t *testing.T) {
 	}
 	if after := fdCount(t); after != before {
 		t.Errorf("%d descriptors before, %d after Close", before, after)
+	}
+	if ents, err := os.ReadDir(base); err != nil || len(ents) != 0 {
+		t.Errorf("after Close the notify folder holds %v (%v), want nothing", ents, err)
+	}
+}
+
+// Without a folder, or when the path would not fit in a socket address,
+// the socket is abstract and Fallback says why.
+func TestNotifySocketAbstractFallback(t *testing.T) {
+	long := filepath.Join(shortDir(t), strings.Repeat("x", 100))
+	for _, base := range []string{"", long} {
+		s, err := ListenNotify(base, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(s.Addr(), "@deployd/") || s.Fallback() == nil {
+			t.Errorf("base %q: Addr() = %q, Fallback() = %v; want an abstract address and a reason", base, s.Addr(), s.Fallback())
+		}
+		ch := serveNotify(t, s)
+		sendNotify(t, s.Addr(), "READY=1")
+		if r := nextNotify(t, ch); r.msg["READY"] != "1" {
+			t.Errorf("base %q: got %q", base, r.msg)
+		}
+	}
+	if _, err := os.Stat(long); err == nil {
+		t.Errorf("a too-long base %s was created", long)
+	}
+}
+
+// An agent run by root gives the socket to the worker's user: that user
+// can send, another cannot even connect.
+func TestNotifySocketOwnedByWorkerUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown and to run helpers as other users")
+	}
+	const workerUID, otherUID = 65534, 65533
+	dir := shortDir(t)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "helper")
+	data, err := os.ReadFile(testBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ListenNotify(filepath.Join(dir, "notify"), workerUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(s.Addr(), &st); err != nil || st.Uid != workerUID || st.Mode&0o777 != 0o600 {
+		t.Errorf("socket stat: uid %d mode %o (%v); want uid %d mode 600", st.Uid, st.Mode&0o777, err, workerUID)
+	}
+	if err := unix.Stat(filepath.Dir(s.Addr()), &st); err != nil || st.Uid != workerUID || st.Mode&0o777 != 0o700 {
+		t.Errorf("socket folder stat: uid %d mode %o (%v); want uid %d mode 700", st.Uid, st.Mode&0o777, err, workerUID)
+	}
+	ch := serveNotify(t, s)
+	send := func(uid uint32) error {
+		cmd := exec.Command(exe)
+		cmd.Env = []string{helperEnv + "=notify-send", noRaceExitSleep,
+			EnvNotifySocket + "=" + s.Addr(), "NOTIFY_MESSAGE=READY=1"}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	if err := send(otherUID); err == nil {
+		t.Errorf("uid %d could send to uid %d's notify socket", otherUID, workerUID)
+	}
+	if err := send(workerUID); err != nil {
+		t.Fatalf("the worker's user could not send: %v", err)
+	}
+	if r := nextNotify(t, ch); r.uid != workerUID || r.msg["READY"] != "1" {
+		t.Errorf("got uid %d %q, want uid %d READY=1", r.uid, r.msg, workerUID)
 	}
 }
 
@@ -236,5 +324,31 @@ func TestIPCChannel(t *testing.T) {
 	ch.Parent.Close()
 	if after := fdCount(t); after != before {
 		t.Errorf("%d descriptors before, %d after", before, after)
+	}
+}
+
+// A folder whose socket no one binds any more is removed; a live one stays.
+func TestRemoveStaleNotify(t *testing.T) {
+	base := shortDir(t)
+	live, err := ListenNotify(base, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	stale, err := ListenNotify(base, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staleDir := filepath.Dir(stale.Addr())
+	stale.conn.Close() // as a killed agent leaves it: the file stays, nobody bound
+	if _, err := os.Stat(stale.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	RemoveStaleNotify(base)
+	if _, err := os.Stat(staleDir); !os.IsNotExist(err) {
+		t.Errorf("stale folder %s still there (%v)", staleDir, err)
+	}
+	if _, err := os.Stat(live.Addr()); err != nil {
+		t.Errorf("the live socket was removed: %v", err)
 	}
 }

@@ -20,6 +20,10 @@ type Want struct {
 	// Nonblocking is the O_NONBLOCK mode of a socket the registry opens (an
 	// inherited one keeps its own).
 	Nonblocking bool
+	// NoDelay is the TCP_NODELAY setting of a TCP listener, applied to
+	// every one the spec leases (inherited ones too): accepted connections
+	// inherit it.
+	NoDelay bool
 }
 
 // Registry owns every listening socket of the agent (the model is
@@ -106,6 +110,9 @@ func (r *Registry) Acquire(app string, wants []Want) (*Lease, error) {
 func (r *Registry) getLocked(app string, w Want) (*Listener, error) {
 	key := Key(w.Network, w.Address)
 	if e := r.byKey[key]; e != nil {
+		if err := e.l.SetNoDelay(w.NoDelay); err != nil {
+			return nil, err
+		}
 		e.leases++
 		return e.l, nil
 	}
@@ -114,6 +121,11 @@ func (r *Registry) getLocked(app string, w Want) (*Listener, error) {
 		l, err = Acquire(r.store, w.Network, w.Address, w.Nonblocking)
 		if err == nil && l.Inherited {
 			r.log.Info("listener inherited", "app", app, "listen", w.URL)
+		}
+	}
+	if err == nil {
+		if err = l.SetNoDelay(w.NoDelay); err != nil {
+			l.Close()
 		}
 	}
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // want is a Want for a loopback TCP listener named http.
@@ -137,5 +139,89 @@ func TestRegistryCloseKeepsNothing(t *testing.T) {
 	lease.Release() // after Close: nothing left to release, no panic
 	if err := r.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
+	}
+}
+
+// acceptedNoDelay accepts one connection on l (dialed here) and returns
+// its TCP_NODELAY, as a worker's accept would get it.
+func acceptedNoDelay(t *testing.T, l *Listener) int {
+	t.Helper()
+	addr, err := l.LocalAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fd, err := l.Fd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nfd, _, err := unix.Accept(int(fd)) // queued already: does not block
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(nfd)
+	v, err := unix.GetsockoptInt(nfd, unix.IPPROTO_TCP, unix.TCP_NODELAY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Connections accepted on a listener the registry leases have TCP_NODELAY
+// as the lease's Want says; a later lease with another setting changes it
+// for the connections accepted from then on.
+func TestRegistryTCPNoDelay(t *testing.T) {
+	r := NewRegistry(nil, nil, nil)
+	w := want("127.0.0.1:0")
+	w.NoDelay = true
+	lease, err := r.Acquire("web", []Want{w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release()
+	l := lease.Bound()[0].Listener
+	if v := acceptedNoDelay(t, l); v == 0 {
+		t.Errorf("accepted connection TCP_NODELAY = %d, want on", v)
+	}
+	w.NoDelay = false
+	off, err := r.Acquire("web", []Want{w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Release()
+	if v := acceptedNoDelay(t, l); v != 0 {
+		t.Errorf("with tcp_nodelay = false: accepted connection TCP_NODELAY = %d, want 0", v)
+	}
+}
+
+// AcceptQueue counts the connections no one accepted yet.
+func TestAcceptQueue(t *testing.T) {
+	l, err := Open("tcp", "127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	addr, _ := l.LocalAddr()
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, backlog, ok := l.AcceptQueue()
+		if ok && n == 2 && backlog > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("AcceptQueue() = %d, %d, %v; want 2 queued", n, backlog, ok)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -79,10 +79,17 @@ type NotReadyError struct {
 	Worker  *Worker
 	Exited  bool
 	Timeout time.Duration
+	// AfterReady is set when the worker exited after it was ready but
+	// before its operation ended (or within min_ready).
+	AfterReady bool
 }
 
 func (e *NotReadyError) Error() string {
 	w := e.Worker
+	if e.AfterReady {
+		return fmt.Sprintf("worker %d (pid %d) exited %s after it was ready, before the operation ended: %s",
+			w.Slot, w.PID, w.upAfterReady().Round(time.Millisecond), w.ExitDescription())
+	}
 	if e.Exited {
 		return fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.Slot, w.PID, w.ExitDescription())
 	}

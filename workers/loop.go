@@ -3,6 +3,8 @@ package workers
 import (
 	"slices"
 	"time"
+
+	"github.com/deployd/deployd/handoff"
 )
 
 // state is everything a supervisor knows about its pool. It is owned by
@@ -26,7 +28,9 @@ type state struct {
 	ctr     Counters
 	// usage holds the CPU/RSS sample of each worker, taken once per tick.
 	usage map[*Worker]sample
-	subs  map[*subscriber]struct{}
+	// queues follows the accept queue of each listener (queue.go).
+	queues map[*handoff.Listener]*queueWatch
+	subs   map[*subscriber]struct{}
 	// handover is set between HandOver and Resume/Release; handedOver,
 	// once released, are the workers the next agent has: never stopped here.
 	handover   *handover

@@ -91,6 +91,28 @@ var helpers = map[string]func() int{
 	"hang": func() int {
 		select {}
 	},
+	// ready-then-exit is ready, then exits 0 after EXIT_AFTER, as a release
+	// that dies just after start does. With EXIT_SLOT set, only that slot
+	// exits; the others serve, ready after READY_AFTER.
+	"ready-then-exit": func() int {
+		term := notifyTerm()
+		exits := os.Getenv("EXIT_SLOT") == "" || os.Getenv("EXIT_SLOT") == os.Getenv("DEPLOYD_WORKER")
+		if d, err := time.ParseDuration(os.Getenv("READY_AFTER")); err == nil && !exits {
+			time.Sleep(d)
+		}
+		if err := sdNotify("READY=1"); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 5
+		}
+		if !exits {
+			<-term
+			return 0
+		}
+		d, _ := time.ParseDuration(os.Getenv("EXIT_AFTER"))
+		time.Sleep(d)
+		fmt.Println("helper: ready, and done")
+		return 0
+	},
 	// log-ready prints the line the log:REGEX readiness waits for.
 	"log-ready": func() int {
 		term := notifyTerm()

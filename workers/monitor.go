@@ -9,6 +9,7 @@ import (
 // that sample. Run by the loop every sampleInterval.
 func (s *Supervisor) tick(st *state) {
 	st.sampleAll(s.fs)
+	s.checkQueues(st)
 	if st.op != nil || st.closing || st.app == AppStopped || st.app == AppStopping {
 		return // the next tick after the operation checks again
 	}
@@ -67,7 +68,7 @@ func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 
 // replace replaces c's worker with a new one on spec, ready first.
 func (o *op) replace(c overLimit, spec *Spec) {
-	if err := o.replaceGroup([]*slot{c.sl}, spec, c.why); err != nil {
+	if _, err := o.replaceGroup([]*slot{c.sl}, spec, c.why); err != nil {
 		o.s.log.Error("replacement did not get ready; the old worker stays", "worker", c.sl.index,
 			"reason", c.why, "error", err)
 		return

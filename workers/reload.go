@@ -82,9 +82,17 @@ func (o *op) reload(slots []*slot, old, spec *Spec, strategy Strategy) error {
 	all := append(slices.Clone(slots[:keep]), added...)
 
 	var done []*slot
+	var started []*Worker // this reload's new workers, swapped in
 	for i := 0; i < len(all); i += batch {
 		group := all[i:min(i+batch, len(all))]
-		if err := o.replaceGroup(group, spec, ""); err != nil {
+		news, err := o.replaceGroup(group, spec, "")
+		if err == nil {
+			// A new worker that exits before the reload ends abandons it:
+			// its slot is rolled back with the others.
+			done, started = append(done, group...), append(started, news...)
+			err = exitedEarly(started)
+		}
+		if err != nil {
 			if errors.Is(err, ErrCanceled) {
 				return err // shutting down: no rollback
 			}
@@ -99,7 +107,6 @@ func (o *op) reload(slots []*slot, old, spec *Spec, strategy Strategy) error {
 			})
 			return abandoned
 		}
-		done = append(done, group...)
 	}
 	if spec.Instances < len(slots) { // shrink: drain the highest slots
 		var gone []*slot
@@ -127,7 +134,7 @@ func abandon(err error) *AbandonedError {
 func (o *op) rollback(done []*slot, spec *Spec) bool {
 	ok := true
 	for _, sl := range done {
-		if err := o.replaceGroup([]*slot{sl}, spec, "rollback"); err != nil {
+		if _, err := o.replaceGroup([]*slot{sl}, spec, "rollback"); err != nil {
 			o.s.log.Error("rollback of a slot failed; it keeps the new version", "worker", sl.index, "error", err)
 			ok = false
 		}
@@ -136,25 +143,41 @@ func (o *op) rollback(done []*slot, spec *Spec) bool {
 }
 
 // replaceGroup starts a new worker on spec for every slot of group, waits
-// until all are ready, swaps them in, then drains the old ones. If one is
-// not ready, every new worker of the group is stopped and the old ones keep
-// their slots.
-func (o *op) replaceGroup(group []*slot, spec *Spec, note string) error {
+// until all are ready and have stayed up min_ready since, swaps them in,
+// then drains the old ones; it returns the new workers. If one is not
+// ready or exits before the swap, every new worker of the group is stopped
+// and the old ones keep their slots. One that exits after the swap is the
+// caller's to check (exitedEarly).
+func (o *op) replaceGroup(group []*slot, spec *Spec, note string) ([]*Worker, error) {
 	news, err := o.startNews(group, spec, note)
 	if err == nil {
+		var bad *Worker
 		deadline := time.Now().Add(spec.ReadyTimeout)
 		for _, w := range news {
 			if err = o.s.waitReady(w, time.Until(deadline), spec); err != nil {
-				o.step(Event{Type: EventFailed, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: err.Error()}, nil)
+				bad = w
 				break
 			}
 			o.step(Event{Type: EventReady, Slot: w.Slot, PID: w.PID, Release: w.Release,
 				Millis: w.ReadyAfter().Milliseconds(), Message: note}, func(st *state) { st.resample(o.s.fs, w) })
 		}
+		// The bake: readiness times differ, so waiting for each in turn
+		// waits min_ready after the last ready one, not their sum.
+		for _, w := range news {
+			if err != nil {
+				break
+			}
+			if err = stayUp(w, spec.MinReady, o.s.cancel); err != nil {
+				bad = w
+			}
+		}
+		if bad != nil {
+			o.step(Event{Type: EventFailed, Slot: bad.Slot, PID: bad.PID, Release: bad.Release, Message: err.Error()}, nil)
+		}
 	}
 	if err != nil {
 		o.stopNews(group, news)
-		return err
+		return nil, err
 	}
 	olds := o.swapIn(group, news, spec, note)
 	var wg sync.WaitGroup
@@ -169,7 +192,7 @@ func (o *op) replaceGroup(group []*slot, spec *Spec, note string) error {
 		}()
 	}
 	wg.Wait()
-	return nil
+	return news, nil
 }
 
 // startNews starts a worker on spec beside the current one of every slot

@@ -363,3 +363,63 @@ func TestReloadGrowAbandoned(t *testing.T) {
 		t.Error("the first old worker should have been replaced by the rollback")
 	}
 }
+
+// A new worker that is ready and exits 0 within min_ready abandons the
+// reload before any old worker is stopped.
+func TestReloadAbandonedWhenReadyThenExit(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, newListener(t), "serve-ready", 2)
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	old := currentWorkers(s)
+
+	spec2 := nextSpec(spec, "ready-then-exit")
+	spec2.Env = append(spec2.Env, "EXIT_AFTER=100ms")
+	spec2.MinReady = 5 * time.Second
+	t0 := time.Now()
+	err := s.Reload(spec2, Rolling, nil)
+	var ab *AbandonedError
+	var nr *NotReadyError
+	if !errors.As(err, &ab) || !errors.As(err, &nr) || !nr.AfterReady {
+		t.Fatalf("Reload = %v, want an AbandonedError for a worker that exited after ready", err)
+	}
+	if d := time.Since(t0); d >= spec2.MinReady {
+		t.Errorf("abandoned after %s: it waited out min_ready %s instead of seeing the exit", d, spec2.MinReady)
+	}
+	if ab.ExitStatus != "exit status 0" || !ab.RolledBack {
+		t.Errorf("ExitStatus %q RolledBack %v, want exit status 0 and true", ab.ExitStatus, ab.RolledBack)
+	}
+	if got := pids(currentWorkers(s)); !slices.Equal(got, pids(old)) {
+		t.Errorf("pids %v, want the old %v untouched", got, pids(old))
+	}
+	if st := s.Status(); st.State != AppRunning || st.Release != "v1" {
+		t.Errorf("after the abandon: state %s release %s, want running v1", st.State, st.Release)
+	}
+}
+
+// Without a bake time, a new worker that exits after it was swapped in
+// (while a later batch gets ready) still abandons the reload, and the
+// swapped slots go back to the previous version.
+func TestReloadAbandonedWhenSwappedWorkerExits(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, newListener(t), "serve-ready", 2)
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+
+	spec2 := nextSpec(spec, "ready-then-exit")
+	spec2.Env = append(spec2.Env, "EXIT_SLOT=0", "EXIT_AFTER=200ms", "READY_AFTER=1s")
+	err := s.Reload(spec2, Rolling, nil)
+	var ab *AbandonedError
+	var nr *NotReadyError
+	if !errors.As(err, &ab) || !errors.As(err, &nr) || !nr.AfterReady || nr.Worker.Slot != 0 {
+		t.Fatalf("Reload = %v, want an AbandonedError for worker 0 exiting after ready", err)
+	}
+	if !ab.RolledBack {
+		t.Errorf("RolledBack = false: %v", ab.Slots)
+	}
+	for _, w := range currentWorkers(s) {
+		if w == nil || w.Release != "v1" || isClosed(w.Done()) {
+			t.Errorf("after the abandon, a slot runs %+v; want a live v1 worker", w)
+		}
+	}
+}

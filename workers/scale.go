@@ -41,7 +41,11 @@ func (s *Supervisor) Scale(n int, progress func(Event)) error {
 		})
 	})
 	if len(added) > 0 {
-		if err := o.replaceGroup(added, spec, "scale up"); err != nil {
+		news, err := o.replaceGroup(added, spec, "scale up")
+		if err == nil {
+			err = exitedEarly(news) // one that exits before the scale ends fails it
+		}
+		if err != nil {
 			o.dropSlots(added)
 			o.change(func(st *state) { s.setApp(st, prev, func() { st.spec = old }) })
 			return fmt.Errorf("scale up: %w", err)

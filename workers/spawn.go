@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers/logs"
 )
@@ -15,6 +17,9 @@ type spawnArgs struct {
 	shim     string
 	out, err *logs.Sink
 	app      string
+	// notifyDir holds the workers' NOTIFY_SOCKET paths ("" = abstract).
+	notifyDir string
+	log       hclog.Logger
 }
 
 // channels are the agent's ends of what connects it to one worker process.
@@ -28,11 +33,19 @@ type channels struct {
 
 // openChannels opens the notify socket, the output pipes and, for
 // node-ipc readiness, the IPC channel. On error nothing stays open.
-func openChannels(spec *Spec) (*channels, error) {
+func openChannels(a spawnArgs, spec *Spec) (*channels, error) {
 	c := &channels{}
+	uid := -1
+	if spec.Credential != nil {
+		uid = int(spec.Credential.Uid)
+	}
 	var err error
-	if c.notify, err = handoff.ListenNotify(); err != nil {
+	if c.notify, err = handoff.ListenNotify(a.notifyDir, uid); err != nil {
 		return nil, err
+	}
+	if ferr := c.notify.Fallback(); ferr != nil && a.notifyDir != "" && a.log != nil {
+		a.log.Warn("NOTIFY_SOCKET is an abstract socket (sd_notify clients that only take paths, such as Puma's, will fail)",
+			"reason", ferr)
 	}
 	if c.outR, c.outW, err = os.Pipe(); err == nil {
 		c.errR, c.errW, err = os.Pipe()
@@ -103,7 +116,7 @@ func workerEnv(a spawnArgs, spec *Spec, slot int, c *channels) []string {
 // spawn starts a worker for slot with spec. The worker's own goroutines
 // (output readers, readiness, waiter) end when the process has exited.
 func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
-	c, err := openChannels(spec)
+	c, err := openChannels(a, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -163,8 +176,8 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		defer notifyDone.Done()
 		w.pz.run("notify", func([]byte) ([]byte, error) {
 			return nil, c.notify.Serve(func(_, from int, msg handoff.Notify) {
-				// Only the worker's user (or root) may speak for it: the
-				// abstract socket's name is visible to every local user.
+				// Only the worker's user (or root) may speak for it: a
+				// fallback abstract socket's name is visible to every user.
 				if from == uid || from == 0 {
 					w.onNotify(msg)
 				}

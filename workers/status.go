@@ -33,6 +33,8 @@ type AppStatus struct {
 	Restarts  int
 	LastExit  string
 	LastLines []string
+	// Warnings are accept queues that grow while no worker accepts.
+	Warnings []string
 	// Busy is the operation that runs, nil when none.
 	Busy *BusyError
 }
@@ -47,7 +49,7 @@ func (s *Supervisor) Status() AppStatus {
 
 func (in *state) status(app string) AppStatus {
 	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: len(in.slots),
-		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines)}
+		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings()}
 	if in.op != nil {
 		st.Busy = in.op.busy(app)
 	}

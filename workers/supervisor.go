@@ -37,10 +37,13 @@ type Spec struct {
 	Instances    int
 	Ready        ReadyPolicy
 	ReadyTimeout time.Duration
-	StopSignal   syscall.Signal
-	StopTimeout  time.Duration
-	Restart      RestartPolicy
-	MaxSurge     int
+	// MinReady is how long a new worker of an operation must stay up after
+	// ready before the worker it replaces is stopped (a bake time).
+	MinReady    time.Duration
+	StopSignal  syscall.Signal
+	StopTimeout time.Duration
+	Restart     RestartPolicy
+	MaxSurge    int
 	// MaxMemory (bytes) and Watchdog, when > 0, make the supervisor replace
 	// a worker over the limit or silent for longer, the graceful way.
 	MaxMemory int64
@@ -74,6 +77,9 @@ type Options struct {
 	// block) whenever a worker process starts or ends: the agent then
 	// rewrites its record of the processes it runs.
 	Changed func()
+	// NotifyDir is the folder of the workers' NOTIFY_SOCKET paths, one
+	// private folder per worker inside; "" gives abstract sockets.
+	NotifyDir string
 }
 
 // Supervisor keeps one app's workers running. Its state is owned by one
@@ -123,6 +129,7 @@ func (s *Supervisor) Spec() *Spec {
 func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
+		notifyDir: s.opts.NotifyDir, log: s.log,
 	}
 }
 

@@ -65,6 +65,7 @@ type Worker struct {
 	watchdog  time.Time
 	exitErr   error
 	exitState *os.ProcessState
+	exitedAt  time.Time
 	readyOnce sync.Once
 
 	// node is set for a worker with the Node.js preload (see node.go).
@@ -223,6 +224,7 @@ const (
 // wait reaps the process and drains its output.
 func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 	st, err := w.reap()
+	exitedAt := time.Now()
 	if w.node != nil {
 		w.node.await() // npm start: the app's node may outlive npm
 	}
@@ -256,7 +258,7 @@ func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 	}
 	t.Stop()
 	w.mu.Lock()
-	w.exitState, w.exitErr = st, err
+	w.exitState, w.exitErr, w.exitedAt = st, err, exitedAt
 	w.mu.Unlock()
 }
 
@@ -353,10 +355,8 @@ func waitReady(w *Worker, timeout time.Duration, cancel <-chan struct{}) error {
 	case <-w.ready:
 		return nil
 	case <-w.exited:
-		if isReady() {
-			return nil // ready, then exited: the caller's watch restarts it
-		}
-		return &NotReadyError{Worker: w, Exited: true}
+		// Ready, then exited: not to be trusted either.
+		return &NotReadyError{Worker: w, Exited: true, AfterReady: isReady()}
 	case <-t.C:
 		if isReady() {
 			return nil
@@ -365,6 +365,59 @@ func waitReady(w *Worker, timeout time.Duration, cancel <-chan struct{}) error {
 	case <-cancel:
 		return ErrCanceled
 	}
+}
+
+// stayUp waits until w has been up for d after it got ready. A worker that
+// exits first (with any status) gives a *NotReadyError with AfterReady.
+func stayUp(w *Worker, d time.Duration, cancel <-chan struct{}) error {
+	select {
+	case <-w.exited:
+		return &NotReadyError{Worker: w, Exited: true, AfterReady: true}
+	default:
+	}
+	w.mu.Lock()
+	left := time.Until(w.readyAt.Add(d))
+	w.mu.Unlock()
+	if left <= 0 {
+		return nil
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-w.exited:
+		return &NotReadyError{Worker: w, Exited: true, AfterReady: true}
+	case <-cancel:
+		return ErrCanceled
+	}
+}
+
+// exitedEarly returns a *NotReadyError for the first worker of ws that
+// has exited, nil when all still run.
+func exitedEarly(ws []*Worker) error {
+	for _, w := range ws {
+		select {
+		case <-w.exited:
+			return &NotReadyError{Worker: w, Exited: true, AfterReady: true}
+		default:
+		}
+	}
+	return nil
+}
+
+// upAfterReady is how long the worker ran after it got ready (0 if it
+// never did); until now while it runs.
+func (w *Worker) upAfterReady() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.readyAt.IsZero() {
+		return 0
+	}
+	if w.exitState != nil || w.exitErr != nil {
+		return w.exitedAt.Sub(w.readyAt)
+	}
+	return time.Since(w.readyAt)
 }
 
 // cpuFor is the usable CPU for slot: slot mod the CPUs the agent may use.

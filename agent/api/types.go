@@ -42,7 +42,9 @@ type App struct {
 	Restarts  int      `json:"restarts"`
 	LastExit  string   `json:"last_exit,omitempty"`
 	LastLines []string `json:"last_lines,omitempty"`
-	Workers   []Worker `json:"workers"`
+	// Warnings are accept queues that grow while no worker accepts.
+	Warnings []string `json:"warnings,omitempty"`
+	Workers  []Worker `json:"workers"`
 	// DroppedLogLines counts the output lines of the app's workers the agent
 	// could not write to its log files (disk full or too slow).
 	DroppedLogLines uint64 `json:"dropped_log_lines"`

@@ -21,6 +21,8 @@ type rawApp struct {
 	Listen       toml.Primitive `toml:"listen"`
 	Ready        toml.Primitive `toml:"ready"`
 	ReadyTimeout toml.Primitive `toml:"ready_timeout"`
+	MinReady     toml.Primitive `toml:"min_ready"`
+	TCPNoDelay   toml.Primitive `toml:"tcp_nodelay"`
 	StopSignal   toml.Primitive `toml:"stop_signal"`
 	StopTimeout  toml.Primitive `toml:"stop_timeout"`
 	Nonblocking  toml.Primitive `toml:"nonblocking"`
@@ -62,6 +64,8 @@ func defaultApp(name, dir string, cpus int) *App {
 		InstancesSpec: "max",
 		Ready:         Ready{Mode: ReadyNotify, Raw: string(ReadyNotify)},
 		ReadyTimeout:  30 * time.Second,
+		MinReady:      DefaultMinReady,
+		TCPNoDelay:    true,
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
 		MaxSurge:      1,
@@ -123,6 +127,8 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 		}
 	}
 	d.duration(raw.ReadyTimeout, k("ready_timeout"), &a.ReadyTimeout, false)
+	d.duration(raw.MinReady, k("min_ready"), &a.MinReady, true)
+	d.boolean(raw.TCPNoDelay, k("tcp_nodelay"), &a.TCPNoDelay)
 	if s, ok := get[string](d, raw.StopSignal, k("stop_signal")); ok {
 		if sig, err := parseSignal(s); err != nil {
 			d.fail(k("stop_signal"), strconv.Quote(s), err)

@@ -93,6 +93,11 @@ type Restart struct {
 	StableAfter time.Duration
 }
 
+// DefaultMinReady is the default bake time of a new worker (min_ready): a
+// release that dies within it of getting ready is abandoned before any old
+// worker stops.
+const DefaultMinReady = time.Second
+
 // App is one [apps.NAME] table.
 type App struct {
 	Name    string
@@ -107,11 +112,17 @@ type App struct {
 	Listen        []Listen
 	Ready         Ready
 	ReadyTimeout  time.Duration // default 30s
-	StopSignal    syscall.Signal
-	StopTimeout   time.Duration // default 30s
-	Nonblocking   bool          // hand listeners over in non-blocking mode
-	MaxSurge      int           // extra workers during a rolling reload, default 1
-	Restart       Restart
+	// MinReady is how long a new worker must stay up after ready before the
+	// old one it replaces is stopped; default DefaultMinReady, 0 = off.
+	MinReady time.Duration
+	// TCPNoDelay sets TCP_NODELAY on the app's TCP listeners (accepted
+	// sockets inherit it); default true.
+	TCPNoDelay  bool
+	StopSignal  syscall.Signal
+	StopTimeout time.Duration // default 30s
+	Nonblocking bool          // hand listeners over in non-blocking mode
+	MaxSurge    int           // extra workers during a rolling reload, default 1
+	Restart     Restart
 	// Releases: the app runs releases installed by `deployd deploy`.
 	Releases     bool
 	KeepReleases int // default 5

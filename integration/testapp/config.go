@@ -17,6 +17,7 @@ type config struct {
 	exitBeforeReady int
 	neverReady      bool
 	crashAfter      time.Duration
+	crashCode       int
 	ignoreSIGTERM   bool
 	logSpam         int
 	slow            time.Duration
@@ -40,7 +41,8 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.readyFile, "ready-file", "", "after the startup delay, wait until `PATH` exists before serving and getting ready")
 	fs.IntVar(&c.exitBeforeReady, "exit-before-ready", -1, "exit with this code instead of getting ready (-1: off)")
 	fs.BoolVar(&c.neverReady, "never-ready", false, "serve but never signal readiness")
-	fs.DurationVar(&c.crashAfter, "crash-after", 0, "exit 1 this long after getting ready")
+	fs.DurationVar(&c.crashAfter, "crash-after", 0, "exit this long after getting ready (code -crash-code)")
+	fs.IntVar(&c.crashCode, "crash-code", exitFailure, "exit code of -crash-after (0: a release that ends right after its ready line)")
 	fs.BoolVar(&c.ignoreSIGTERM, "ignore-sigterm", false, "ignore SIGTERM (SIGINT still stops)")
 	fs.IntVar(&c.logSpam, "log-spam", 0, "after ready, write this many lines \"line <slot> <pid> <i>\" to stdout")
 	fs.DurationVar(&c.slow, "slow", 0, "add this much latency to every request")

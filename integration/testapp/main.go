@@ -2,19 +2,17 @@
 // worker. It speaks the worker contract (DESIGN.md, "The worker contract") through the
 // libraries a real Go app would use, and its flags make it misbehave on purpose.
 //
-// Adopting the contract in a Go app takes three steps, each marked "contract:" below:
-// take the listeners from activation.Listeners, signal readiness once serving, and on
-// SIGTERM stop accepting and let in-flight requests finish (graceful.Server.Drain; plain
-// http.Server.Shutdown drops a request that arrives on a connection accepted just before
-// the shutdown, see internal/graceful).
+// It uses package worker, as a Go app under deployd would: worker.Listeners for the
+// inherited sockets, worker.NewServer and Drain on SIGTERM (plain http.Server.Shutdown
+// drops a request that arrives on a connection accepted just before the shutdown, and
+// closes idle keep-alive connections at once; see worker/drain.go). Each step is marked
+// "contract:" below. An app without this one's knobs needs only worker.ServeHTTP.
 //
 // Exit codes: 0 after a graceful stop, 1 on a crash or failure, 2 on bad flags, 3 when it
 // was given no listener, or the -exit-before-ready code.
 package main
 
 import (
-	"github.com/deployd/deployd/internal/graceful"
-
 	"context"
 	"errors"
 	"flag"
@@ -27,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/deployd/deployd/worker"
 )
 
 const (
@@ -83,7 +81,7 @@ func run(args []string) int {
 		return cfg.exitBeforeReady
 	}
 
-	srv := graceful.New(&http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second})
+	srv := worker.NewServer(&http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second})
 	srv.Serve(listeners)
 
 	if cfg.neverReady {
@@ -94,8 +92,8 @@ func run(args []string) int {
 	}
 	if cfg.crashAfter > 0 {
 		time.AfterFunc(cfg.crashAfter, func() {
-			warnf("crashing %v after ready (-crash-after)", cfg.crashAfter)
-			os.Exit(exitFailure)
+			warnf("exiting with %d %v after ready (-crash-after)", cfg.crashCode, cfg.crashAfter)
+			os.Exit(cfg.crashCode)
 		})
 	}
 	a.writeLines("line", cfg.logSpam, stop)
@@ -117,21 +115,13 @@ func takeListeners(addr string) ([]net.Listener, error) {
 	fds, pid := os.Getenv("LISTEN_FDS"), os.Getenv("LISTEN_PID")
 	// contract: fds 3..3+LISTEN_FDS-1, valid only if LISTEN_PID is our own pid.
 	// Listeners unsets LISTEN_* so children of this process do not take them too.
-	inherited, err := activation.Listeners()
+	ls, err := worker.Listeners()
 	if err != nil {
-		return nil, fmt.Errorf("socket activation: %w", err)
-	}
-	var ls []net.Listener
-	for _, l := range inherited {
-		if l != nil { // nil: the fd is not a stream listener
-			ls = append(ls, l)
-		}
+		return nil, fmt.Errorf("no listener: %w", err)
 	}
 	switch {
 	case len(ls) > 0:
 		return ls, nil
-	case len(inherited) > 0:
-		return nil, fmt.Errorf("no listener: none of the %d inherited fds is a stream listener", len(inherited))
 	case addr == "":
 		return nil, fmt.Errorf("no listener: LISTEN_FDS=%q LISTEN_PID=%q (this pid is %d) and no -listen ADDR",
 			fds, pid, os.Getpid())
@@ -173,7 +163,7 @@ func watchSignals(ignoreTERM bool) <-chan struct{} {
 
 // shutdown is the contract's stop: refuse new connections, finish in-flight requests
 // (keep-alive clients get Connection: close), then exit.
-func (a *app) shutdown(srv *graceful.Server) int {
+func (a *app) shutdown(srv *worker.Server) int {
 	a.notify("STOPPING=1")
 	warnf("stopping version=%s pid=%d slot=%s", a.cfg.version, a.pid, a.slot)
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)

@@ -1,20 +1,21 @@
-// Package graceful serves HTTP on inherited listeners and drains without
-// dropping a request, for the demo app and the test app.
+// This file is the drain (moved here from internal/graceful, which the demo
+// and test apps used).
 //
 // Why not http.Server.Shutdown alone: a connection the server has accepted
 // but whose request it has not read yet is closed without an answer when the
 // request arrives after Shutdown began (net/http checks shuttingDown() right
 // after reading a request). With a listener shared by several workers, the
 // kernel hands such connections to a draining worker all the time, so a
-// reload would drop a few requests. SetKeepAlivesEnabled(false) is no cure
-// either: it closes idle keep-alive connections at once, racing a client that
-// is sending its next request on one (a client that does not retry loses it).
+// reload would drop a few requests. Shutdown and SetKeepAlivesEnabled(false)
+// also close idle keep-alive connections at once, racing a client that is
+// sending its next request on one (a client that does not retry loses it).
 //
 // Drain instead stops accepting, answers every request with
 // "Connection: close", and closes a keep-alive connection only once it has
 // been idle for IdleGrace, so a client in the middle of reusing it gets its
 // answer (and the close) instead of a reset.
-package graceful
+
+package worker
 
 import (
 	"bufio"
@@ -31,7 +32,8 @@ import (
 // Drain closes it.
 const IdleGrace = time.Second
 
-// Server is an http.Server that tracks its connections.
+// Server is an http.Server that tracks its connections, so that Drain
+// loses no request. Make one with NewServer.
 type Server struct {
 	HTTP *http.Server
 
@@ -48,9 +50,9 @@ type connState struct {
 	since time.Time
 }
 
-// New wraps srv; it sets srv.ConnState (chaining any hook already there) and
+// NewServer wraps srv; it sets srv.ConnState (chaining any hook already there) and
 // wraps srv.Handler to add "Connection: close" while draining.
-func New(srv *http.Server) *Server {
+func NewServer(srv *http.Server) *Server {
 	s := &Server{HTTP: srv, conns: map[net.Conn]connState{}}
 	prev := srv.ConnState
 	srv.ConnState = func(c net.Conn, st http.ConnState) {

@@ -1,0 +1,55 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// The text status shows why an app is down: an errored app's last exit
+// and output, and, while a crashed worker waits for its restart, the last
+// exit status and the last output line.
+func TestStatusShowsLastExit(t *testing.T) {
+	for _, tc := range []struct {
+		name, state, worker string
+		want, not           []string
+	}{
+		{"exited", "running", "exited",
+			[]string{"web: last exit: worker 0 (pid 42): exit status 3", "  | cannot load config: boom"},
+			[]string{"first line"}},
+		{"errored", "errored", "exited",
+			[]string{"web is errored", "last exit: worker 0 (pid 42): exit status 3", "  | first line", "  | cannot load config: boom"}, nil},
+		{"restarting", "running", "starting",
+			[]string{"web: last exit: worker 0 (pid 42): exit status 3", "  | cannot load config: boom"}, nil},
+		{"serving again", "running", "ready", nil, []string{"last exit"}},
+	} {
+		st := &api.Status{Apps: []api.App{{Name: "web", State: tc.state, LastExit: "worker 0 (pid 42): exit status 3",
+			LastLines: []string{"first line", "cannot load config: boom"},
+			Workers:   []api.Worker{{Slot: 0, PID: 42, State: tc.worker, Restarts: 1}}}}}
+		var b bytes.Buffer
+		printStatus(&b, st)
+		for _, w := range tc.want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("%s: status lacks %q:\n%s", tc.name, w, b.String())
+			}
+		}
+		for _, w := range tc.not {
+			if strings.Contains(b.String(), w) {
+				t.Errorf("%s: status shows %q:\n%s", tc.name, w, b.String())
+			}
+		}
+	}
+}
+
+// An accept-queue warning shows under the table.
+func TestStatusShowsQueueWarning(t *testing.T) {
+	st := &api.Status{Apps: []api.App{{Name: "web", State: "running",
+		Warnings: []string{"tcp 127.0.0.1:8080: 12 connections wait in the accept queue"}}}}
+	var b bytes.Buffer
+	printStatus(&b, st)
+	if !strings.Contains(b.String(), "web: warning: listener tcp 127.0.0.1:8080: 12 connections wait") {
+		t.Errorf("status lacks the warning:\n%s", b.String())
+	}
+}
