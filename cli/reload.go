@@ -26,11 +26,11 @@ func reloadCommand() *cli.Command {
 		ArgsUsage: "[APP...]",
 		Description: "Re-reads the config file and moves each named app (all apps if none) to it.\n" +
 			"rolling (default): for max_surge slots at a time, start a new worker, wait until\n" +
-			"it is ready and stayed up min_ready, then drain the old one. blue-green: start every\n" +
-			"new worker, wait until all are, then drain every old one. A new worker that is not\n" +
-			"ready within ready_timeout, or exits (any status) before the reload ended, abandons\n" +
-			"the reload: the new workers stop and the old version keeps serving. An invalid\n" +
-			"config changes nothing.\n\n" +
+			"it is ready (the first batch also stays up min_ready), then drain the old one.\n" +
+			"blue-green: start every new worker, wait until all are, then drain every old one.\n" +
+			"A new worker that is not ready within ready_timeout, or exits (any status) before\n" +
+			"the reload ended, abandons the reload: the new workers stop and the old version\n" +
+			"keeps serving. An invalid config changes nothing.\n\n" +
 			"Progress goes to stderr; --json prints one JSON event per line and a final result.\n" +
 			"Exit codes: 0 done, 1 abandoned or failed (old version still serving), 2 usage or\n" +
 			"config error, 3 agent unreachable.\n\n" +

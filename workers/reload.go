@@ -85,7 +85,14 @@ func (o *op) reload(slots []*slot, old, spec *Spec, strategy Strategy) error {
 	var started []*Worker // this reload's new workers, swapped in
 	for i := 0; i < len(all); i += batch {
 		group := all[i:min(i+batch, len(all))]
-		news, err := o.replaceGroup(group, spec, "")
+		// Only the first batch bakes: once the release has stayed up
+		// min_ready, later batches swap at ready (an exit before the
+		// reload ends still abandons it, exitedEarly below).
+		bake := time.Duration(0)
+		if i == 0 {
+			bake = spec.MinReady
+		}
+		news, err := o.replaceGroup(group, spec, bake, "")
 		if err == nil {
 			// A new worker that exits before the reload ends abandons it:
 			// its slot is rolled back with the others.
@@ -134,7 +141,7 @@ func abandon(err error) *AbandonedError {
 func (o *op) rollback(done []*slot, spec *Spec) bool {
 	ok := true
 	for _, sl := range done {
-		if _, err := o.replaceGroup([]*slot{sl}, spec, "rollback"); err != nil {
+		if _, err := o.replaceGroup([]*slot{sl}, spec, 0, "rollback"); err != nil {
 			o.s.log.Error("rollback of a slot failed; it keeps the new version", "worker", sl.index, "error", err)
 			ok = false
 		}
@@ -143,12 +150,12 @@ func (o *op) rollback(done []*slot, spec *Spec) bool {
 }
 
 // replaceGroup starts a new worker on spec for every slot of group, waits
-// until all are ready and have stayed up min_ready since, swaps them in,
+// until all are ready and have stayed up bake since, swaps them in,
 // then drains the old ones; it returns the new workers. If one is not
 // ready or exits before the swap, every new worker of the group is stopped
 // and the old ones keep their slots. One that exits after the swap is the
 // caller's to check (exitedEarly).
-func (o *op) replaceGroup(group []*slot, spec *Spec, note string) ([]*Worker, error) {
+func (o *op) replaceGroup(group []*slot, spec *Spec, bake time.Duration, note string) ([]*Worker, error) {
 	news, err := o.startNews(group, spec, note)
 	if err == nil {
 		var bad *Worker
@@ -162,12 +169,12 @@ func (o *op) replaceGroup(group []*slot, spec *Spec, note string) ([]*Worker, er
 				Millis: w.ReadyAfter().Milliseconds(), Message: note}, func(st *state) { st.resample(o.s.fs, w) })
 		}
 		// The bake: readiness times differ, so waiting for each in turn
-		// waits min_ready after the last ready one, not their sum.
+		// waits bake after the last ready one, not their sum.
 		for _, w := range news {
 			if err != nil {
 				break
 			}
-			if err = stayUp(w, spec.MinReady, o.s.cancel); err != nil {
+			if err = stayUp(w, bake, o.s.cancel); err != nil {
 				bad = w
 			}
 		}

@@ -423,3 +423,33 @@ func TestReloadAbandonedWhenSwappedWorkerExits(t *testing.T) {
 		}
 	}
 }
+
+// Only the first batch of a rolling reload bakes min_ready: the old worker
+// of slot 0 drains min_ready after its replacement got ready, slot 1's as
+// soon as its replacement is ready.
+func TestReloadBakesFirstBatchOnly(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, newListener(t), "serve-ready", 2)
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+
+	spec2 := nextSpec(spec, "serve-ready")
+	spec2.MinReady = 3 * time.Second
+	var rec recorder
+	if err := s.Reload(spec2, Rolling, rec.add); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	for slot, baked := range []bool{true, false} {
+		ev := rec.forSlot(slot) // started, ready, draining, exited
+		if len(ev) < 3 || ev[1].Type != EventReady || ev[2].Type != EventDraining {
+			t.Fatalf("slot %d: events %+v", slot, ev)
+		}
+		waited := ev[2].Time.Sub(ev[1].Time)
+		if baked && waited < spec2.MinReady {
+			t.Errorf("slot %d: old worker drained %s after its replacement was ready, want >= min_ready %s", slot, waited, spec2.MinReady)
+		}
+		if !baked && waited >= spec2.MinReady {
+			t.Errorf("slot %d: old worker drained %s after ready: a later batch baked again", slot, waited)
+		}
+	}
+}
