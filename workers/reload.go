@@ -70,29 +70,59 @@ func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event))
 
 func (o *op) reload(slots []*slot, old, spec *Spec, strategy Strategy) error {
 	keep := min(len(slots), spec.Instances)
-	batch := max(spec.MaxSurge, 1)
-	if strategy == BlueGreen {
-		batch = max(spec.Instances, 1)
+	added := o.addSlots(len(slots), spec)
+	todo := append(slices.Clone(slots[:keep]), added...)
+	if _, err := o.rollOut(nil, todo, added, nil, old, spec, strategy, true); err != nil {
+		return err
 	}
-	added := newSlots(len(slots), spec.Instances, spec)
+	o.shrink(len(slots), spec)
+	return nil
+}
+
+// addSlots appends the slots from..spec.Instances-1 a grow needs to the
+// pool and returns them.
+func (o *op) addSlots(from int, spec *Spec) []*slot {
+	added := newSlots(from, spec.Instances, spec)
 	if len(added) > 0 {
 		o.publish(Event{Type: EventSlots, Release: spec.Release, Message: fmt.Sprint(spec.Instances)},
 			func(st *state) { st.slots = append(st.slots, added...) })
 	}
-	all := append(slices.Clone(slots[:keep]), added...)
+	return added
+}
 
-	var done []*slot
-	var started []*Worker // this reload's new workers, swapped in
-	for i := 0; i < len(all); i += batch {
-		group := all[i:min(i+batch, len(all))]
+// shrink drains the slots past spec.Instances of a pool of n slots.
+func (o *op) shrink(n int, spec *Spec) {
+	if spec.Instances >= n {
+		return
+	}
+	var gone []*slot
+	o.publish(Event{Type: EventSlots, Release: spec.Release, Message: fmt.Sprint(spec.Instances)},
+		func(st *state) { gone, st.slots = slices.Clone(st.slots[spec.Instances:]), st.slots[:spec.Instances] })
+	o.drainSlots(gone, true)
+}
+
+// rollOut moves the slots of todo to spec, max_surge at a time (all at once
+// for blue-green); with bake the first batch bakes min_ready. done are slots
+// already on spec (a held canary) and started their new workers: a batch
+// that fails, or a new worker of started that exits before the rollout
+// ends, rolls every moved slot back to old, drops the added ones and
+// returns an *AbandonedError. It returns every new worker, started's too.
+func (o *op) rollOut(done, todo, added []*slot, started []*Worker, old, spec *Spec, strategy Strategy, bake bool) ([]*Worker, error) {
+	batch := max(spec.MaxSurge, 1)
+	if strategy == BlueGreen {
+		batch = max(spec.Instances, 1)
+	}
+	done, started = slices.Clone(done), slices.Clone(started)
+	for i := 0; i < len(todo); i += batch {
+		group := todo[i:min(i+batch, len(todo))]
 		// Only the first batch bakes: once the release has stayed up
 		// min_ready, later batches swap at ready (an exit before the
 		// reload ends still abandons it, exitedEarly below).
-		bake := time.Duration(0)
-		if i == 0 {
-			bake = spec.MinReady
+		wait := time.Duration(0)
+		if i == 0 && bake {
+			wait = spec.MinReady
 		}
-		news, err := o.replaceGroup(group, spec, bake, "")
+		news, err := o.replaceGroup(group, spec, wait, "")
 		if err == nil {
 			// A new worker that exits before the reload ends abandons it:
 			// its slot is rolled back with the others.
@@ -101,27 +131,34 @@ func (o *op) reload(slots []*slot, old, spec *Spec, strategy Strategy) error {
 		}
 		if err != nil {
 			if errors.Is(err, ErrCanceled) {
-				return err // shutting down: no rollback
+				return nil, err // shutting down: no rollback
 			}
-			abandoned := abandon(err)
-			kept := slices.DeleteFunc(slices.Clone(done), func(sl *slot) bool { return slices.Contains(added, sl) })
-			abandoned.RolledBack = o.rollback(kept, old)
-			o.dropSlots(added)
-			o.change(func(st *state) {
-				for _, sl := range st.slots {
-					abandoned.Slots = append(abandoned.Slots, SlotRelease{Slot: sl.index, Release: sl.spec.Release})
-				}
-			})
-			return abandoned
+			return nil, o.abandonRollOut(err, done, added, old)
 		}
 	}
-	if spec.Instances < len(slots) { // shrink: drain the highest slots
-		var gone []*slot
-		o.publish(Event{Type: EventSlots, Release: spec.Release, Message: fmt.Sprint(spec.Instances)},
-			func(st *state) { gone, st.slots = slices.Clone(st.slots[spec.Instances:]), st.slots[:spec.Instances] })
-		o.drainSlots(gone, true)
-	}
-	return nil
+	return started, nil
+}
+
+// abandonRollOut rolls the slots of done back to old, drops the added ones
+// and returns the *AbandonedError of err that says what serves now.
+func (o *op) abandonRollOut(err error, done, added []*slot, old *Spec) *AbandonedError {
+	abandoned := abandon(err)
+	kept := slices.DeleteFunc(slices.Clone(done), func(sl *slot) bool { return slices.Contains(added, sl) })
+	abandoned.RolledBack = o.rollback(kept, old)
+	o.dropSlots(added)
+	abandoned.Slots = o.slotReleases()
+	return abandoned
+}
+
+// slotReleases says which release each slot runs.
+func (o *op) slotReleases() []SlotRelease {
+	var out []SlotRelease
+	o.change(func(st *state) {
+		for _, sl := range st.slots {
+			out = append(out, SlotRelease{Slot: sl.index, Release: sl.spec.Release})
+		}
+	})
+	return out
 }
 
 func abandon(err error) *AbandonedError {
