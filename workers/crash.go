@@ -36,6 +36,9 @@ func (s *Supervisor) onExit(st *state, sl *slot, w *Worker) {
 			sl.crashes = sl.crashes[1:]
 		}
 	})
+	if s.canaryCrash(st, sl, w, desc) {
+		return // the hold's abort replaces the worker
+	}
 	if len(sl.crashes) > spec.Restart.MaxRestarts {
 		s.setApp(st, AppErrored, nil)
 		s.log.Error("app errored: too many crashes, not restarting; fix it and run `deployd restart`",

@@ -23,6 +23,10 @@ type state struct {
 	// op is the running operation, nil when none: a second one is refused
 	// with a *BusyError that names it.
 	op *opInfo
+	// hold is the held canary, nil when none (canary.go); lastHold says how
+	// the last one ended, until the next operation begins.
+	hold     *hold
+	lastHold *CanaryEnd
 	// closing is set by Stop: no new operation, no crash restart.
 	closing bool
 	ctr     Counters

@@ -14,7 +14,7 @@ func (s *Supervisor) tick(st *state) {
 		return // the next tick after the operation checks again
 	}
 	c, ok := s.overLimit(st)
-	if !ok {
+	if !ok || s.canaryBreach(st, c) { // a canary's breach aborts its hold instead
 		return
 	}
 	// The replacement is an operation like the others: a reload asked

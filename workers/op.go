@@ -37,8 +37,10 @@ func (s *Supervisor) begin(what string, progress func(Event)) (*op, error) {
 			err = ErrCanceled
 		case st.op != nil:
 			err = st.op.busy(s.opts.App)
+		case st.hold != nil:
+			err = st.hold.refusal(s.opts.App)
 		default:
-			st.op = o.info
+			st.op, st.lastHold = o.info, nil
 		}
 	})
 	if !ok {
@@ -55,11 +57,13 @@ func (s *Supervisor) newOp(what, by string, progress func(Event)) *op {
 		info: &opInfo{what: what, by: by, since: time.Now(), done: make(chan struct{})}}
 }
 
-// end lets the next operation in.
+// end lets the next operation in: first a held canary's automatic end
+// that waited for this one.
 func (o *op) end() {
 	o.s.call(func(st *state) {
 		if st.op == o.info {
 			st.op = nil
+			o.s.startDue(st)
 		}
 	})
 	close(o.info.done)

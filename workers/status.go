@@ -37,6 +37,10 @@ type AppStatus struct {
 	Warnings []string
 	// Busy is the operation that runs, nil when none.
 	Busy *BusyError
+	// Canary is the held canary, nil when none; LastCanary says how the
+	// last one ended, until the next operation.
+	Canary     *CanaryStatus
+	LastCanary *CanaryEnd
 }
 
 // Status returns a snapshot, workers sorted by slot then start time. It
@@ -52,6 +56,13 @@ func (in *state) status(app string) AppStatus {
 		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings()}
 	if in.op != nil {
 		st.Busy = in.op.busy(app)
+	}
+	if in.hold != nil {
+		st.Canary = in.hold.status()
+	}
+	if in.lastHold != nil {
+		last := *in.lastHold
+		st.LastCanary = &last
 	}
 	now := time.Now()
 	for _, sl := range in.slots {

@@ -65,6 +65,9 @@ const (
 	AppErrored   AppState = "errored" // crashed max_restarts times within window; no more restarts
 	AppStopped   AppState = "stopped"
 	AppStopping  AppState = "stopping"
+	// AppCanary: a canary is held, old and new releases serve side by side
+	// until Promote or Abort (canary.go).
+	AppCanary AppState = "canary"
 )
 
 // Options are the fixed parts of a supervisor.
@@ -187,6 +190,9 @@ func (s *Supervisor) stop() {
 	s.call(func(st *state) {
 		st.closing = true
 		close(s.cancel)
+		if st.hold != nil {
+			st.hold.stopTimer()
+		}
 		running = st.op
 		s.setApp(st, AppStopping, nil)
 	})
