@@ -27,6 +27,8 @@ type rawApp struct {
 	StopTimeout  toml.Primitive `toml:"stop_timeout"`
 	Nonblocking  toml.Primitive `toml:"nonblocking"`
 	MaxSurge     toml.Primitive `toml:"max_surge"`
+	CanaryTO     toml.Primitive `toml:"canary_timeout"`
+	CanaryAction toml.Primitive `toml:"canary_action"`
 	Restart      toml.Primitive `toml:"restart"`
 	Releases     toml.Primitive `toml:"releases"`
 	KeepReleases toml.Primitive `toml:"keep_releases"`
@@ -69,6 +71,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
 		MaxSurge:      1,
+		CanaryAction:  "abort",
 		KeepReleases:  5,
 		Restart: Restart{
 			Backoff:     100 * time.Millisecond,
@@ -139,6 +142,16 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.duration(raw.StopTimeout, k("stop_timeout"), &a.StopTimeout, false)
 	d.boolean(raw.Nonblocking, k("nonblocking"), &a.Nonblocking)
 	d.integer(raw.MaxSurge, k("max_surge"), &a.MaxSurge, 1)
+	d.duration(raw.CanaryTO, k("canary_timeout"), &a.CanaryTimeout, true)
+	if s, ok := get[string](d, raw.CanaryAction, k("canary_action")); ok {
+		switch s {
+		case "abort", "promote":
+			a.CanaryAction = s
+		default:
+			d.fail(k("canary_action"), strconv.Quote(s), hint(nil,
+				`unknown canary action; use "abort" (put the canaries back on the old release) or "promote" (roll the rest), what a hold does at canary_timeout`))
+		}
+	}
 	d.integer(raw.KeepReleases, k("keep_releases"), &a.KeepReleases, 2)
 	d.size(raw.MaxMemory, k("max_memory"), &a.MaxMemory, true)
 	d.boolean(raw.CPUAffinity, k("cpu_affinity"), &a.CPUAffinity)

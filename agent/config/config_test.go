@@ -80,6 +80,8 @@ func TestErrors(t *testing.T) {
 		{"tcp_nodelay type", web + `tcp_nodelay = "off"`, 3, "apps.web.tcp_nodelay", "want true or false"},
 		{"min_ready negative", web + `min_ready = "-1s"`, 3, "apps.web.min_ready", "must not be negative"},
 		{"min_ready unit", web + `min_ready = "2"`, 3, "apps.web.min_ready", "not a duration"},
+		{"canary_timeout negative", web + `canary_timeout = "-1m"`, 3, "apps.web.canary_timeout", "must not be negative"},
+		{"canary_action unknown", web + `canary_action = "rollback"`, 3, `apps.web.canary_action = "rollback"`, `unknown canary action; use "abort"`},
 		{"type array", "[apps.web]\ncommand = \"./server\"", 2, "apps.web.command", `want an array of strings; write it like command = ["./server", "-v"]`},
 		{"type array elem", "[apps.web]\ncommand = [\"./server\", 1]", 2, "apps.web.command", "want an array of strings"},
 		{"type env", web + "env = 5", 3, "apps.web.env = 5", `want a table; write it like env = { MODE = "prod" }`},
@@ -270,6 +272,7 @@ func TestDefaults(t *testing.T) {
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
 		MaxSurge:      1,
+		CanaryAction:  "abort",
 		KeepReleases:  5,
 		Restart: Restart{
 			Backoff:     100 * time.Millisecond,
@@ -392,6 +395,8 @@ cpu_affinity = true
 user = "root"
 group = "0"
 watchdog = "10s"
+canary_timeout = "15m"
+canary_action = "promote"
 [apps.web.restart]
 backoff = "1s"
 max_restarts = 0
@@ -405,8 +410,8 @@ compress = true
 	got := fmt.Sprintln(a.Env, a.Instances, a.Listen[1].Name, a.Listen[0].Name, a.Ready.Mode,
 		a.Ready.Regex.MatchString("listening on 80"), a.StopSignal == syscall.SIGQUIT, a.Nonblocking,
 		a.MaxMemory, a.CPUAffinity, a.User, a.Group, a.Watchdog, a.Restart.Backoff,
-		a.Restart.MaxRestarts, a.Logs)
-	want := "[A=x=y MODE=prod] 2 admin web log true true true 536870912 true root 0 10s 1s 0 {json 1500 10 168h0m0s true}\n"
+		a.Restart.MaxRestarts, a.Logs, a.CanaryTimeout, a.CanaryAction)
+	want := "[A=x=y MODE=prod] 2 admin web log true true true 536870912 true root 0 10s 1s 0 {json 1500 10 168h0m0s true} 15m0s promote\n"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}

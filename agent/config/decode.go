@@ -155,7 +155,7 @@ func formatValue(v any) string {
 var (
 	topKeys     = []string{"agent", "apps"}
 	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key"}
-	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "watchdog", "logs", "node"}
+	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "watchdog", "logs", "node"}
 	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
 	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress"}
 )
@@ -169,7 +169,7 @@ var examples = map[string]string{
 	"command": `["./server", "-v"]`, "cwd": `"/srv/web"`, "env": `{ MODE = "prod" }`,
 	"instances": `"max"`, "listen": `["tcp://0.0.0.0:8080"]`, "ready": `"notify"`,
 	"ready_timeout": `"30s"`, "min_ready": `"1s"`, "tcp_nodelay": `false`, "stop_signal": `"SIGTERM"`, "stop_timeout": `"30s"`,
-	"nonblocking": `false`, "max_surge": `1`, "releases": `true`, "keep_releases": `5`,
+	"nonblocking": `false`, "max_surge": `1`, "canary_timeout": `"15m"`, "canary_action": `"promote"`, "releases": `true`, "keep_releases": `5`,
 	"max_memory": `"512MiB"`, "cpu_affinity": `true`, "user": `"www-data"`,
 	"group": `"www-data"`, "watchdog": `"10s"`, "node": `"off"`,
 	"backoff": `"100ms"`, "max_backoff": `"30s"`, "max_restarts": `10`,

@@ -122,6 +122,11 @@ type App struct {
 	StopTimeout time.Duration // default 30s
 	Nonblocking bool          // hand listeners over in non-blocking mode
 	MaxSurge    int           // extra workers during a rolling reload, default 1
+	// CanaryTimeout ends a canary's hold by itself after this long with
+	// CanaryAction ("abort", the default, or "promote"); 0 (default) holds
+	// until `deployd promote` or `deployd abort`.
+	CanaryTimeout time.Duration
+	CanaryAction  string
 	Restart     Restart
 	// Releases: the app runs releases installed by `deployd deploy`.
 	Releases     bool

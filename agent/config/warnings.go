@@ -17,5 +17,21 @@ func warnings(c *Config, file string, kl keyLines) []Problem {
 					"opens the socket and hands it to the workers, or ignore this if the app serves no port"})
 		}
 	}
+	out = append(out, canaryWarnings(c, file, kl)...)
+	return out
+}
+
+// canaryWarnings: canary_action without canary_timeout does nothing.
+func canaryWarnings(c *Config, file string, kl keyLines) []Problem {
+	var out []Problem
+	for _, n := range c.AppNames {
+		a := c.Apps[n]
+		key := []string{"apps", n, "canary_action"}
+		if a.CanaryTimeout == 0 && a.CanaryAction != "abort" {
+			out = append(out, Problem{File: file, Line: kl.find(key), Key: keyString(key), Value: strconv.Quote(a.CanaryAction),
+				Msg: "canary_action applies when canary_timeout ends a hold, and canary_timeout is not set (a hold lasts until " +
+					"`deployd promote` or `deployd abort`); add canary_timeout = \"15m\" or remove canary_action"})
+		}
+	}
 	return out
 }

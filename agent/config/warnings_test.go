@@ -25,3 +25,18 @@ func TestWarnsLogReadinessWithoutListen(t *testing.T) {
 		t.Errorf("delay readiness without listen: warnings %v, err %v; want none", cfg.Warnings, err)
 	}
 }
+
+func TestWarnsCanaryActionWithoutTimeout(t *testing.T) {
+	path := writeConfig(t, web+"canary_action = \"promote\"\n")
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Warnings) != 1 || !strings.HasPrefix(cfg.Warnings[0].String(), path+`:3: apps.web.canary_action = "promote": canary_action applies when canary_timeout`) {
+		t.Fatalf("warnings: %v, want one for apps.web.canary_action", cfg.Warnings)
+	}
+	cfg, err = Load(writeConfig(t, web+"canary_action = \"promote\"\ncanary_timeout = \"5m\"\n"))
+	if err != nil || len(cfg.Warnings) != 0 {
+		t.Errorf("canary_action with canary_timeout: warnings %v, err %v; want none", cfg.Warnings, err)
+	}
+}
