@@ -127,7 +127,7 @@ type App struct {
 	// until `deployd promote` or `deployd abort`.
 	CanaryTimeout time.Duration
 	CanaryAction  string
-	Restart     Restart
+	Restart       Restart
 	// Releases: the app runs releases installed by `deployd deploy`.
 	Releases     bool
 	KeepReleases int // default 5
