@@ -30,6 +30,8 @@ func (a *Agent) releaseApp(w http.ResponseWriter, name string) *appRT {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(
 			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
 		return nil
+	case refuseHold(w, rt):
+		return nil
 	case a.state.get(name).Stopped:
 		writeError(w, http.StatusConflict, fmt.Sprintf("%s is stopped (deployd stop); run `deployd start %s` first", name, name))
 		return nil
@@ -58,6 +60,10 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 	strategy, err := strategyOf(req.Strategy)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Canary < 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("canary %d: give the number of workers to hold on the new release, 1 or more", req.Canary))
 		return
 	}
 	install, err := a.deployInput(r, req)
@@ -89,7 +95,7 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 	}
 	a.log.Info("release installed", "app", req.App, "version", rel.Version, "sha256", rel.SHA256, "kind", rel.Kind)
 	st := newStream(w)
-	res := a.rollTo(rt, rel.Version, strategy, st.event, api.DeployDeployed)
+	res := a.rollTo(rt, rel.Version, strategy, req.Canary, st.event, api.DeployDeployed)
 	res.DurationSeconds = time.Since(t).Seconds()
 	st.send(api.StreamLine{Deploy: res})
 }
@@ -138,8 +144,9 @@ func checkReleaseCommand(rt *appRT, rel *release.Release) error {
 }
 
 // rollTo moves rt to release version with a reload and records the outcome
-// in the state file. rt.busy is held.
-func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emit func(workers.Event), okStatus string) *api.DeployResult {
+// in the state file; with canary > 0 it holds a canary of that many workers
+// instead, and the hold's end records it. rt.busy is held.
+func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, canary int, emit func(workers.Event), okStatus string) *api.DeployResult {
 	prev := a.state.get(rt.name).Current
 	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: okStatus}
 	if version == prev && len(rt.sup.Status().Workers) > 0 {
@@ -147,27 +154,49 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 		return res
 	}
 	spec, err := a.specFor(rt.config(), rt.bound(), version)
-	if err == nil {
+	switch {
+	case err != nil:
+	case canary > 0:
+		if err = a.deployCanary(rt, spec, strategy, canary, emit, res); err == nil {
+			return res
+		}
+	default:
 		err = rt.sup.Reload(spec, strategy, emit)
 	}
 	if err != nil {
-		res.Status, res.Error = api.DeployFailed, err.Error()
-		var ab *workers.AbandonedError
-		if errors.As(err, &ab) {
-			res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
-		}
-		if kindOf(err) == api.KindBusy {
-			res.Error = refusal(rt.name, err)
-		} else if serr := a.state.update(rt.name, func(s *AppState) {
+		a.rollFailed(rt, version, err, res)
+		return res
+	}
+	a.rollServing(rt, version, prev, res)
+	return res
+}
+
+// rollFailed records that rt's roll to version failed with err into res
+// and the state file (a refusal is not a failed release).
+func (a *Agent) rollFailed(rt *appRT, version string, err error, res *api.DeployResult) {
+	res.Status, res.Error = api.DeployFailed, err.Error()
+	var ab *workers.AbandonedError
+	if errors.As(err, &ab) {
+		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
+	}
+	switch kindOf(err) {
+	case api.KindBusy, api.KindUsage:
+		res.Error = appResult(rt.name, err).Error
+	default:
+		if serr := a.state.update(rt.name, func(s *AppState) {
 			if !slices.Contains(s.Failed, version) {
 				s.Failed = append(s.Failed, version)
 			}
 		}); serr != nil {
 			a.log.Error("record failed release", "app", rt.name, "error", serr)
 		}
-		a.log.Error("release not deployed; the previous one keeps serving", "app", rt.name, "version", version, "error", err)
-		return res
 	}
+	a.log.Error("release not deployed; the previous one keeps serving", "app", rt.name, "version", version, "error", err)
+}
+
+// rollServing records that rt serves version (after prev) into res and
+// the state file, and prunes old releases.
+func (a *Agent) rollServing(rt *appRT, version, prev string, res *api.DeployResult) {
 	rt.settled() // every worker runs the running config's listeners
 	if err := a.state.update(rt.name, func(s *AppState) {
 		if s.Current != version {
@@ -187,7 +216,6 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, emi
 		a.log.Info("pruned old releases", "app", rt.name, "versions", removed)
 	}
 	a.log.Info("release serving", "app", rt.name, "version", version, "previous", prev)
-	return res
 }
 
 func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
@@ -224,7 +252,7 @@ func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
 	}
 	t := time.Now()
 	st := newStream(w)
-	res := a.rollTo(rt, target, strategy, st.event, api.DeployRolledBack)
+	res := a.rollTo(rt, target, strategy, 0, st.event, api.DeployRolledBack)
 	res.DurationSeconds = time.Since(t).Seconds()
 	st.send(api.StreamLine{Deploy: res})
 }

@@ -20,6 +20,9 @@ func (a *Agent) opApp(w http.ResponseWriter, name string) *appRT {
 		writeError(w, http.StatusNotFound, a.noSuchApp(name))
 		return nil
 	}
+	if refuseHold(w, rt) {
+		return nil
+	}
 	if !rt.busy.TryLock() {
 		writeError(w, http.StatusConflict, busyMessage(name))
 		return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/release"
@@ -39,6 +40,10 @@ func kindOf(err error) api.Kind {
 		return re.kind
 	case errors.Is(err, workers.ErrBusy), errors.Is(err, errUpgradeBusy):
 		return api.KindBusy
+	case errors.Is(err, workers.ErrNoCanary):
+		return api.KindNoCanary
+	case errors.Is(err, workers.ErrBadCanary):
+		return api.KindUsage
 	case errors.As(err, &ab):
 		return api.KindAbandoned
 	case errors.Is(err, release.ErrBadArtifact), errors.Is(err, selfupdate.ErrBadBinary):
@@ -79,10 +84,15 @@ func appResult(app string, err error) api.AppResult {
 	k := kindOf(err)
 	res := api.AppResult{App: app, Outcome: k.Outcome()}
 	var ab *workers.AbandonedError
+	var nc *workers.NoCanaryError
 	switch {
 	case err == nil:
 	case k == api.KindBusy:
 		res.Error = refusal(app, err)
+	case errors.As(err, &nc):
+		res.Error = noCanaryMessage(nc)
+	case errors.Is(err, workers.ErrBadCanary):
+		res.Error = "canary refused, nothing changed: " + strings.TrimPrefix(err.Error(), workers.ErrBadCanary.Error()+": ")
 	case errors.As(err, &ab):
 		res.Error = ab.Reason.Error() + "; " + ab.Serving()
 		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines

@@ -35,6 +35,10 @@ func restartPolicy(r config.Restart) workers.RestartPolicy {
 // runs, when a *workers.BusyError says.
 func refusal(app string, err error) string {
 	var be *workers.BusyError
+	var he *workers.HoldError
+	if errors.As(err, &he) {
+		return holdMessage(app, he)
+	}
 	if !errors.As(err, &be) {
 		return busyMessage(app)
 	}

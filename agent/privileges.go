@@ -62,6 +62,8 @@ var Privileges = []struct {
 	{"POST", api.PathScale, NeedMember},
 	{"POST", api.PathStop, NeedMember},
 	{"POST", api.PathStart, NeedMember},
+	{"POST", api.PathPromote, NeedMember},
+	{"POST", api.PathAbort, NeedMember},
 	{"POST", api.PathLogsRotate, NeedMember},
 	{"POST", api.PathLogsFlush, NeedMember},
 	{"POST", api.PathUpgrade, NeedMemberSigned},

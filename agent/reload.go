@@ -26,6 +26,10 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	if req.Canary < 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("canary %d: give the number of workers to hold on the new config, 1 or more", req.Canary))
+		return
+	}
 	cfg, err := config.Load(a.path)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "the config is invalid; nothing was changed:\n"+err.Error())
@@ -54,13 +58,13 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 	for _, p := range cfg.Warnings {
 		st.event(workers.Event{Time: time.Now(), App: "config", Type: workers.EventKind(api.EventNotice), Message: p.String()})
 	}
-	results := a.reloadApps(cfg, names, strategy, st.event)
+	results := a.reloadApps(cfg, names, strategy, req.Canary, st.event)
 	if all {
 		results = append(results, a.removeApps(cfg, st.event)...)
 	}
 	res := &api.Result{OK: true, Apps: results}
 	for _, r := range results {
-		if r.Outcome != api.OutcomeDone {
+		if r.Outcome != api.OutcomeDone && r.Outcome != api.OutcomeHeld {
 			res.OK = false
 		}
 	}
@@ -68,7 +72,7 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 }
 
 // reloadApps moves each named app to its config in cfg, apps in parallel.
-func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.Strategy, emit func(workers.Event)) []api.AppResult {
+func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.Strategy, canary int, emit func(workers.Event)) []api.AppResult {
 	results := make([]api.AppResult, len(names))
 	var wg sync.WaitGroup
 	for i, n := range names {
@@ -76,7 +80,7 @@ func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.
 		go func() {
 			defer wg.Done()
 			t := time.Now()
-			results[i] = a.reloadApp(cfg.Apps[n], strategy, emit)
+			results[i] = a.reloadApp(cfg.Apps[n], strategy, canary, emit)
 			results[i].DurationSeconds = time.Since(t).Seconds()
 		}()
 	}
@@ -85,9 +89,10 @@ func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.
 }
 
 // reloadApp moves app to its config in the file: a new app starts, a
-// running one gets a reload. Only an outcome of done makes app the running
-// config.
-func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(workers.Event)) api.AppResult {
+// running one gets a reload, or with canary > 0 a canary of that many
+// workers. Only an outcome of done (or a promoted canary) makes app the
+// running config.
+func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int, emit func(workers.Event)) api.AppResult {
 	a.mu.Lock()
 	rt := a.apps[app.Name]
 	if rt == nil { // a new app: start it
@@ -117,6 +122,9 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, emit func(
 	if err != nil {
 		lease.Release()
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
+	}
+	if canary > 0 {
+		return a.reloadCanary(rt, app, lease, spec, strategy, canary, emit)
 	}
 	err = rt.sup.Reload(spec, strategy, emit)
 	rt.settle(app, lease, err)

@@ -35,6 +35,8 @@ func (a *Agent) handlers() map[string]http.HandlerFunc {
 		"POST " + api.PathScale:      a.handleScale,
 		"POST " + api.PathStop:       a.handleStopApp,
 		"POST " + api.PathStart:      a.handleStartApp,
+		"POST " + api.PathPromote:    a.handlePromote,
+		"POST " + api.PathAbort:      a.handleAbort,
 	}
 }
 
@@ -163,7 +165,7 @@ func appStatus(rt *appRT) api.App {
 	}
 	app := api.App{Name: rt.name, State: state, Release: s.Release, Instances: s.Instances,
 		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Warnings: s.Warnings, Workers: []api.Worker{},
-		DroppedLogLines: droppedLogLines(rt)}
+		DroppedLogLines: droppedLogLines(rt), Canary: apiCanary(s.Canary), LastCanary: apiCanaryEnd(s.LastCanary)}
 	for _, l := range rt.config().Listen {
 		app.Listen = append(app.Listen, l.URL)
 	}

@@ -97,7 +97,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		OnUsageError:           usageError,
 		Commands: []*cli.Command{
 			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(), logsCommand(),
-			scaleCommand(), stopCommand(), startCommand(), deployCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
+			scaleCommand(), stopCommand(), startCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
 		},
 	}
 	setUsageError(app.Commands)

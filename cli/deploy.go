@@ -27,12 +27,17 @@ func deployCommand() *cli.Command {
 			"digits of its sha256) and the app is rolled to it with a readiness-gated reload.\n" +
 			"The app needs `releases = true`; its workers run in the release folder, where a\n" +
 			"relative command (command = [\"./server\"]) resolves.\n\n" +
-			"Blocks until done. Exit codes: 0 deployed, 1 failed (the release is marked failed\n" +
-			"and the previous one keeps serving), 2 bad input (nothing changed), 3 agent\n" +
+			canaryHelp + "The release becomes current (state.json, `releases`) only when promoted; an\n" +
+			"aborted canary marks it failed.\n\n" +
+			"Blocks until done (with --canary: until the hold starts). Exit codes: 0 deployed or\n" +
+			"canary held, 1 failed (the release is marked failed and the previous one keeps serving)\n" +
+			"or refused (a held canary: promote or abort it), 2 bad input (nothing changed), 3 agent\n" +
 			"unreachable. --json prints events, then {\"app\",\"version\",\"previous\",\"status\",\n" +
-			"\"duration_seconds\"}.\n\n" +
-			"Example: deployd deploy web --artifact build/web.tar.gz --version 1.4.2 --json",
-		Flags: clientFlags(jsonFlag, strategyFlag,
+			"\"duration_seconds\"} (status \"deployed\", \"held\" with \"canary\":{...}, \"failed\").\n\n" +
+			"Examples: deployd deploy web --artifact build/web.tar.gz --version 1.4.2 --json\n" +
+			"          deployd deploy web --artifact build/web.tar.gz --canary 1 && ./check &&\n" +
+			"            deployd promote web || deployd abort web",
+		Flags: clientFlags(jsonFlag, strategyFlag, canaryFlag,
 			&cli.StringFlag{Name: "artifact", Usage: "`PATH` of an executable, a folder or a .tar.gz (required)"},
 			&cli.StringFlag{Name: "version", Usage: "release `NAME` (default: first 12 hex digits of the sha256)"},
 			&cli.StringFlag{Name: "sha256", Usage: "expected sha256 of the artifact, `HEX`"},
@@ -45,8 +50,12 @@ func deployCommand() *cli.Command {
 			if c.String("artifact") == "" {
 				return fail(ExitUsage, "--artifact is required: an executable file, a folder or a .tar.gz")
 			}
+			n, err := canaryOf(c)
+			if err != nil {
+				return err
+			}
 			req := api.DeployRequest{App: c.Args().First(), Version: c.String("version"),
-				SHA256: c.String("sha256"), Strategy: c.String("strategy")}
+				SHA256: c.String("sha256"), Strategy: c.String("strategy"), Canary: n}
 			art, err := openArtifact(c.String("artifact"), &req)
 			if err != nil {
 				return err
@@ -113,6 +122,8 @@ func runDeploy(c *cli.Context, verb string, call deployCall) error {
 			if res.Previous != "" {
 				fmt.Fprintf(c.App.ErrWriter, "  %s keeps serving; the release is marked failed\n", res.Previous)
 			}
+		case api.DeployHeld:
+			printHeld(c.App.ErrWriter, res.App, res.Canary)
 		case api.DeployUnchanged:
 			fmt.Fprintf(c.App.ErrWriter, "%s: %s is the current release already; nothing to do\n", res.App, res.Version)
 		default:

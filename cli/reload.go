@@ -30,13 +30,15 @@ func reloadCommand() *cli.Command {
 			"blue-green: start every new worker, wait until all are, then drain every old one.\n" +
 			"A new worker that is not ready within ready_timeout, or exits (any status) before\n" +
 			"the reload ended, abandons the reload: the new workers stop and the old version\n" +
-			"keeps serving. An invalid config changes nothing.\n\n" +
+			"keeps serving. An invalid config changes nothing.\n\n" + canaryHelp + "\n" +
 			"Progress goes to stderr; --json prints one JSON event per line and a final result.\n" +
-			"Exit codes: 0 done, 1 abandoned or failed (old version still serving), 2 usage or\n" +
-			"config error, 3 agent unreachable.\n\n" +
-			"Example: deployd reload web --strategy blue-green",
+			"Exit codes: 0 done (or canary held), 1 abandoned or failed (old version still serving),\n" +
+			"or refused (another operation or a held canary), 2 usage or config error, 3 agent unreachable.\n\n" +
+			"Examples: deployd reload web --strategy blue-green\n" +
+			"          deployd reload web --canary 1 && deployd status web && deployd promote web",
 		Flags: clientFlags(jsonFlag,
 			&cli.StringFlag{Name: "strategy", Value: "rolling", Usage: "rolling or blue-green"},
+			canaryFlag,
 			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D` (the reload goes on in the agent); default: no limit"},
 		),
 		Action: func(c *cli.Context) error {
@@ -44,7 +46,11 @@ func reloadCommand() *cli.Command {
 			if s != "rolling" && s != "blue-green" {
 				return fail(ExitUsage, "--strategy %q: use rolling or blue-green", s)
 			}
-			req := api.ReloadRequest{Apps: c.Args().Slice(), Strategy: s}
+			n, err := canaryOf(c)
+			if err != nil {
+				return err
+			}
+			req := api.ReloadRequest{Apps: c.Args().Slice(), Strategy: s, Canary: n}
 			return runStream(c, "reload", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
 				return cl.Reload(cx, req, on)
 			})
@@ -156,6 +162,10 @@ func printSummary(w io.Writer, verb string, res *api.Result) {
 	for _, a := range res.Apps {
 		d := time.Duration(a.DurationSeconds * float64(time.Second)).Round(time.Millisecond)
 		switch a.Outcome {
+		case api.OutcomeHeld:
+			printHeld(w, a.App, a.Canary)
+		case api.OutcomePromoted, api.OutcomeAborted:
+			printCanaryEnd(w, a, d)
 		case api.OutcomeDone:
 			if a.Release != "" {
 				fmt.Fprintf(w, "%s: %s done in %s, release %s\n", a.App, verb, d, a.Release)

@@ -20,7 +20,9 @@ func statusCommand() *cli.Command {
 		ArgsUsage: "[APP]",
 		Description: "Shows each worker's slot, pid, state (starting, ready, draining, stopping,\n" +
 			"exited), release, uptime, restarts, CPU and memory. An errored app shows its\n" +
-			"last exit and output. --json prints the same as one JSON object.",
+			"last exit and output. An app holding a canary (state \"canary\") shows which workers\n" +
+			"run which release, how long it has held and its canary_timeout; after the hold, how\n" +
+			"it ended. --json prints the same as one JSON object (\"canary\", \"last_canary\").",
 		Flags: clientFlags(jsonFlag,
 			&cli.DurationFlag{Name: "watch", Usage: "refresh every `INTERVAL` (e.g. 1s) until Ctrl-C"}),
 		Action: func(c *cli.Context) error {
@@ -82,8 +84,9 @@ func printStatus(out io.Writer, st *api.Status) {
 		if a.DroppedLogLines > 0 {
 			fmt.Fprintf(out, "\n%s: %d log lines dropped (log_dir full or too slow; the log marks where)\n", a.Name, a.DroppedLogLines)
 		}
+		printStatusCanary(out, a)
 		switch a.State {
-		case "running":
+		case "running", "canary":
 		case "no release":
 			fmt.Fprintf(out, "\n%s has no release yet; deploy one with `deployd deploy %s --artifact PATH`\n", a.Name, a.Name)
 		default:

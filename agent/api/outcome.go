@@ -46,6 +46,7 @@ var outcomes = map[Kind]outcome{
 	KindBusy:      {http.StatusConflict, ExitFailed, OutcomeRefused},
 	KindAbandoned: {http.StatusInternalServerError, ExitFailed, OutcomeAbandoned},
 	KindFailed:    {http.StatusInternalServerError, ExitFailed, OutcomeFailed},
+	KindNoCanary:  {http.StatusPreconditionFailed, ExitFailed, OutcomeFailed},
 }
 
 func (k Kind) get() outcome {

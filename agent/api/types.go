@@ -48,6 +48,10 @@ type App struct {
 	// DroppedLogLines counts the output lines of the app's workers the agent
 	// could not write to its log files (disk full or too slow).
 	DroppedLogLines uint64 `json:"dropped_log_lines"`
+	// Canary is the held canary (state "canary"); LastCanary says how the
+	// last one ended, until the app's next operation.
+	Canary     *Canary    `json:"canary,omitempty"`
+	LastCanary *CanaryEnd `json:"last_canary,omitempty"`
 }
 
 // Worker is one worker process.
@@ -72,6 +76,8 @@ type Worker struct {
 type ReloadRequest struct {
 	Apps     []string `json:"apps,omitempty"` // empty = all
 	Strategy string   `json:"strategy,omitempty"`
+	// Canary > 0 moves that many workers of each app and holds (canary.go).
+	Canary int `json:"canary,omitempty"`
 }
 
 // AppRequest names one app (restart).
@@ -145,6 +151,10 @@ type AppResult struct {
 	ExitStatus      string   `json:"exit_status,omitempty"`
 	LastLines       []string `json:"last_lines,omitempty"`
 	DurationSeconds float64  `json:"duration_seconds"`
+	// Canary is the hold a reload --canary started (outcome "held");
+	// CanaryEnd how promote or abort ended one.
+	Canary    *Canary    `json:"canary,omitempty"`
+	CanaryEnd *CanaryEnd `json:"canary_end,omitempty"`
 }
 
 // Error is the body of every non-2xx answer. Kind is how the request
@@ -217,6 +227,8 @@ type DeployRequest struct {
 	Version  string `json:"version,omitempty"`
 	SHA256   string `json:"sha256,omitempty"`
 	Strategy string `json:"strategy,omitempty"`
+	// Canary > 0 moves that many workers to the release and holds.
+	Canary int `json:"canary,omitempty"`
 }
 
 // RollbackRequest is the body of POST /v1/rollback; To "" = the previous release.
@@ -244,6 +256,8 @@ type DeployResult struct {
 	Error           string   `json:"error,omitempty"`
 	ExitStatus      string   `json:"exit_status,omitempty"`
 	LastLines       []string `json:"last_lines,omitempty"`
+	// Canary is the hold a deploy --canary started (status "held").
+	Canary *Canary `json:"canary,omitempty"`
 }
 
 // ReleaseInfo is one release in GET /v1/releases.

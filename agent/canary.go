@@ -1,0 +1,255 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers"
+)
+
+// A canary (reload --canary N, deploy --canary N) is a reload the app's
+// supervisor holds after N workers (workers/canary.go). The agent records
+// its outcome only when the hold ends, however it ends (promote, abort,
+// canary_timeout, a canary's crash or monitor breach): the OnEnd of the
+// workers.Canary does, before the app admits its next operation. A hold is
+// not carried across an agent upgrade (refused while one is held) nor a
+// restart of the agent (which starts the app from state.json and the
+// config on disk).
+
+// canaryOf is the workers canary of n workers with app's canary_timeout.
+func canaryOf(app *config.App, n int, onEnd func(workers.CanaryEnd)) workers.Canary {
+	return workers.Canary{N: n, Timeout: app.CanaryTimeout, Action: workers.CanaryAction(app.CanaryAction), OnEnd: onEnd}
+}
+
+// holdErr is the reload outcome of a hold's end, for appRT.settle.
+func holdErr(e workers.CanaryEnd) error {
+	switch {
+	case e.Outcome == workers.CanaryPromoted:
+		return nil
+	case e.Err != nil:
+		return e.Err
+	}
+	return &workers.AbandonedError{Reason: errors.New("canary " + string(e.Outcome)), RolledBack: true}
+}
+
+// reloadCanary holds a canary of a config reload of rt to app, whose spec
+// holds lease: the lease stays with rt (as a stale one, released with the
+// app) until the hold ends and settles it.
+func (a *Agent) reloadCanary(rt *appRT, app *config.App, lease *handoff.Lease, spec *workers.Spec,
+	strategy workers.Strategy, n int, emit func(workers.Event)) api.AppResult {
+	c := canaryOf(app, n, func(e workers.CanaryEnd) {
+		rt.mu.Lock()
+		rt.stale = slices.DeleteFunc(rt.stale, func(l *handoff.Lease) bool { return l == lease })
+		rt.mu.Unlock()
+		rt.settle(app, lease, holdErr(e))
+		a.logCanaryEnd(rt.name, e)
+	})
+	rt.mu.Lock()
+	rt.stale = append(rt.stale, lease)
+	rt.mu.Unlock()
+	err := rt.sup.ReloadCanary(spec, strategy, c, emit)
+	if err != nil {
+		rt.mu.Lock()
+		rt.stale = slices.DeleteFunc(rt.stale, func(l *handoff.Lease) bool { return l == lease })
+		rt.mu.Unlock()
+		rt.settle(app, lease, err)
+		res := appResult(app.Name, err)
+		res.Release = spec.Release
+		return res
+	}
+	res := api.AppResult{App: app.Name, Outcome: api.OutcomeHeld, Release: spec.Release,
+		Canary: apiCanary(rt.sup.Status().Canary)}
+	a.log.Info("canary held", "app", app.Name, "release", spec.Release, "workers", n)
+	return res
+}
+
+// deployCanary holds a canary of a deploy (or rollback) of rt to release
+// version; its end records the release as rollTo does.
+func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Strategy, n int,
+	emit func(workers.Event), res *api.DeployResult) error {
+	version, prev := res.Version, res.Previous
+	c := canaryOf(rt.config(), n, func(e workers.CanaryEnd) {
+		if e.Outcome == workers.CanaryPromoted {
+			a.rollServing(rt, version, prev, &api.DeployResult{})
+		} else {
+			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
+		}
+		a.logCanaryEnd(rt.name, e)
+	})
+	if err := rt.sup.ReloadCanary(spec, strategy, c, emit); err != nil {
+		return err
+	}
+	res.Status, res.Canary = api.DeployHeld, apiCanary(rt.sup.Status().Canary)
+	a.log.Info("canary held", "app", rt.name, "release", version, "previous", prev, "workers", n)
+	return nil
+}
+
+func (a *Agent) logCanaryEnd(app string, e workers.CanaryEnd) {
+	kv := []any{"app", app, "outcome", e.Outcome, "by", e.By, "release", e.Release, "previous", e.Previous,
+		"held", e.Held.Round(time.Millisecond)}
+	if e.Reason != "" {
+		kv = append(kv, "reason", e.Reason)
+	}
+	if e.Err != nil {
+		a.log.Error("canary ended; not every worker is back", append(kv, "error", e.Err)...)
+		return
+	}
+	a.log.Info("canary ended", kv...)
+}
+
+func (a *Agent) handlePromote(w http.ResponseWriter, r *http.Request) { a.endCanary(w, r, "promote") }
+func (a *Agent) handleAbort(w http.ResponseWriter, r *http.Request)   { a.endCanary(w, r, "abort") }
+
+// endCanary promotes or aborts (verb) the app's held canary and streams
+// the result. Without a hold it answers KindNoCanary, unless the last hold
+// ended the way asked (then it says so, ok).
+func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
+	var req api.AppRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	a.mu.Lock()
+	rt := a.apps[req.App]
+	a.mu.Unlock()
+	if rt == nil {
+		writeError(w, http.StatusNotFound, a.noSuchApp(req.App))
+		return
+	}
+	want := map[string]workers.CanaryOutcome{"promote": workers.CanaryPromoted, "abort": workers.CanaryAborted}[verb]
+	s := rt.sup.Status()
+	if s.Canary == nil && (s.LastCanary == nil || s.LastCanary.Outcome != want) {
+		writeError(w, api.KindNoCanary.HTTPStatus(), noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
+		return
+	}
+	if !rt.busy.TryLock() {
+		writeError(w, http.StatusConflict, busyMessage(rt.name))
+		return
+	}
+	defer rt.busy.Unlock()
+	st := newStream(w)
+	t := time.Now()
+	var end workers.CanaryEnd
+	var err error
+	switch {
+	case s.Canary == nil: // ended that way already
+		end = *s.LastCanary
+	case verb == "promote":
+		end, err = rt.sup.Promote(st.event)
+	default:
+		end, err = rt.sup.Abort(st.event)
+	}
+	res := canaryResult(rt.name, end, err)
+	res.DurationSeconds = time.Since(t).Seconds()
+	st.send(api.StreamLine{Result: &api.Result{OK: err == nil && end.Outcome == want && end.Err == nil,
+		Apps: []api.AppResult{res}}})
+}
+
+// canaryResult is the outcome of a promote or abort that ended as end (or
+// was refused with err).
+func canaryResult(app string, end workers.CanaryEnd, err error) api.AppResult {
+	if err != nil {
+		return appResult(app, err)
+	}
+	res := api.AppResult{App: app, Release: end.Release, CanaryEnd: apiCanaryEnd(&end)}
+	var ab *workers.AbandonedError
+	switch {
+	case end.Outcome == workers.CanaryPromoted:
+		res.Outcome = api.OutcomePromoted
+	case end.Outcome == workers.CanaryAborted && end.Err == nil:
+		res.Outcome, res.Release = api.OutcomeAborted, end.Previous
+	case errors.As(end.Err, &ab):
+		res = appResult(app, ab)
+		res.Release, res.CanaryEnd = end.Previous, apiCanaryEnd(&end)
+	default:
+		res.Outcome, res.Error = api.OutcomeFailed, fmt.Sprint(end.Err)
+	}
+	return res
+}
+
+// holdMessage words the refusal of an operation on app while he's canary
+// is held: what runs where, and the two commands that end the hold.
+func holdMessage(app string, he *workers.HoldError) string {
+	return fmt.Sprintf("%s holds a canary: release %s on %s beside %s since %s; "+
+		"run `deployd promote %s` to roll %s out to every worker, or `deployd abort %s` to put %s back on %s",
+		app, he.Release, slotList(he.Slots), he.Previous, he.Since.Format(time.TimeOnly),
+		app, he.Release, app, slotList(he.Slots), he.Previous)
+}
+
+// noCanaryMessage words a promote or abort of app without a hold.
+func noCanaryMessage(nc *workers.NoCanaryError) string {
+	msg := nc.App + " holds no canary"
+	l := nc.Last
+	if l == nil {
+		return msg + "; start one with `deployd reload " + nc.App + " --canary 1` or `deployd deploy " + nc.App + " --canary 1 ...`"
+	}
+	msg += fmt.Sprintf(": the last one (release %s) was %s at %s by %s", l.Release, l.Outcome, l.At.Format(time.TimeOnly), l.By)
+	if l.Reason != "" {
+		msg += " (" + l.Reason + ")"
+	}
+	if l.Outcome == workers.CanaryPromoted {
+		return msg + "; " + l.Release + " serves"
+	}
+	return msg + "; " + l.Previous + " serves"
+}
+
+// slotList words slots: "worker 0", "workers 0, 1".
+func slotList(slots []int) string {
+	parts := make([]string, len(slots))
+	for i, s := range slots {
+		parts[i] = fmt.Sprint(s)
+	}
+	if len(slots) == 1 {
+		return "worker " + parts[0]
+	}
+	return "workers " + strings.Join(parts, ", ")
+}
+
+// refuseHold answers the refusal of an operation on rt while it holds a
+// canary, and reports whether it did.
+func refuseHold(w http.ResponseWriter, rt *appRT) bool {
+	he := rt.sup.Holding()
+	if he == nil {
+		return false
+	}
+	writeError(w, http.StatusConflict, holdMessage(rt.name, he))
+	return true
+}
+
+// heldApp returns the refusal of an agent upgrade while an app holds a
+// canary (a hold is not carried to the next agent), nil when none does.
+func (a *Agent) heldApp() error {
+	for _, rt := range a.appList() {
+		if he := rt.sup.Holding(); he != nil {
+			return failWith(api.KindBusy, "%s. An agent upgrade does not carry a canary's hold: end it first", holdMessage(rt.name, he))
+		}
+	}
+	return nil
+}
+
+func apiCanary(cs *workers.CanaryStatus) *api.Canary {
+	if cs == nil {
+		return nil
+	}
+	return &api.Canary{Release: cs.Release, Previous: cs.Previous, Slots: cs.Slots, Since: cs.Since,
+		HeldSeconds: time.Since(cs.Since).Seconds(), TimeoutSeconds: cs.Timeout.Seconds(),
+		Action: string(cs.Action), Ending: cs.Ending}
+}
+
+func apiCanaryEnd(e *workers.CanaryEnd) *api.CanaryEnd {
+	if e == nil {
+		return nil
+	}
+	out := &api.CanaryEnd{Outcome: string(e.Outcome), Release: e.Release, Previous: e.Previous, By: e.By,
+		Reason: e.Reason, At: e.At, HeldSeconds: e.Held.Seconds()}
+	if e.Err != nil {
+		out.Error = e.Err.Error()
+	}
+	return out
+}
