@@ -147,6 +147,9 @@ func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
 	}
 	res := canaryResult(rt.name, end, err)
 	res.DurationSeconds = time.Since(t).Seconds()
+	if s.Canary == nil && res.CanaryEnd != nil {
+		res.CanaryEnd.Already = true
+	}
 	st.send(api.StreamLine{Result: &api.Result{OK: err == nil && end.Outcome == want && end.Err == nil,
 		Apps: []api.AppResult{res}}})
 }

@@ -112,6 +112,14 @@ func printHeld(w io.Writer, app string, cv *api.Canary) {
 // printCanaryEnd tells how a promote or abort ended.
 func printCanaryEnd(w io.Writer, a api.AppResult, d time.Duration) {
 	e := a.CanaryEnd
+	if e.Already {
+		fmt.Fprintf(w, "%s: the canary was %s already at %s by %s", a.App, a.Outcome, e.At.Local().Format(time.TimeOnly), e.By)
+		if e.Reason != "" {
+			fmt.Fprintf(w, " (%s)", e.Reason)
+		}
+		fmt.Fprintln(w, "; nothing to do")
+		return
+	}
 	switch a.Outcome {
 	case api.OutcomePromoted:
 		fmt.Fprintf(w, "%s: canary promoted in %s: every worker runs %s", a.App, d, e.Release)

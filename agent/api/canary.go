@@ -53,6 +53,9 @@ type CanaryEnd struct {
 	At          time.Time `json:"at"`
 	HeldSeconds float64   `json:"held_seconds"`
 	Error       string    `json:"error,omitempty"`
+	// Already: the hold had ended this way before the promote or abort
+	// that answers this (e.g. by canary_timeout); nothing was done.
+	Already bool `json:"already,omitempty"`
 }
 
 // Promote rolls the rest of app's held canary to its release.
