@@ -115,7 +115,7 @@ type collector struct {
 // Known states, exported as 0 when not current so that alerts can match them.
 var (
 	appStates = []string{string(workers.AppStarting), string(workers.AppRunning), string(workers.AppReloading),
-		string(workers.AppErrored), string(workers.AppStopping), string(workers.AppStopped), "no release"}
+		string(workers.AppCanary), string(workers.AppErrored), string(workers.AppStopping), string(workers.AppStopped), "no release"}
 	workerStates = []string{string(workers.Starting), string(workers.Ready), string(workers.Draining),
 		string(workers.Stopping), string(workers.Exited)}
 )

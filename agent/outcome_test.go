@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/release"
@@ -30,6 +32,9 @@ func TestErrorOutcomes(t *testing.T) {
 		{failWith(api.KindForbidden, "no"), http.StatusForbidden, 1, api.OutcomeFailed},
 		{failWith(api.KindNotFound, "no"), http.StatusNotFound, 2, api.OutcomeFailed},
 		{errors.New("disk full"), http.StatusInternalServerError, 1, api.OutcomeFailed},
+		{&workers.HoldError{App: "web", Release: "v2", Previous: "v1", Slots: []int{0}}, http.StatusConflict, 1, api.OutcomeRefused},
+		{&workers.NoCanaryError{App: "web"}, http.StatusPreconditionFailed, 1, api.OutcomeFailed},
+		{fmt.Errorf("%w: a canary needs at least 2 workers", workers.ErrBadCanary), http.StatusBadRequest, 2, api.OutcomeFailed},
 	} {
 		k := kindOf(tc.err)
 		if k.HTTPStatus() != tc.status || k.ExitCode() != tc.exit || k.Outcome() != tc.outcome {
@@ -41,5 +46,30 @@ func TestErrorOutcomes(t *testing.T) {
 	}
 	if r := appResult("web", workers.ErrBusy); r.Error != busyMessage("web") {
 		t.Errorf("busy result says %q", r.Error)
+	}
+}
+
+// A refusal during a hold, and a promote without one, say what to run.
+func TestCanaryMessages(t *testing.T) {
+	since := time.Date(2026, 1, 2, 12, 0, 3, 0, time.Local)
+	he := &workers.HoldError{App: "web", Release: "1.5.0", Previous: "1.4.2", Slots: []int{0, 1}, Since: since}
+	want := "web holds a canary: release 1.5.0 on workers 0, 1 beside 1.4.2 since 12:00:03; run `deployd promote web` " +
+		"to roll 1.5.0 out to every worker, or `deployd abort web` to put workers 0, 1 back on 1.4.2"
+	if got := appResult("web", fmt.Errorf("reload: %w", he)).Error; got != want {
+		t.Errorf("refusal during a hold:\n got %s\nwant %s", got, want)
+	}
+	last := &workers.CanaryEnd{Outcome: workers.CanaryAborted, Release: "1.5.0", Previous: "1.4.2", By: "crash",
+		Reason: "canary worker 0 (pid 42) crashed: exit status 1", At: since}
+	want = "web holds no canary: the last one (release 1.5.0) was aborted at 12:00:03 by crash " +
+		"(canary worker 0 (pid 42) crashed: exit status 1); 1.4.2 serves"
+	if got := noCanaryMessage(&workers.NoCanaryError{App: "web", Last: last}); got != want {
+		t.Errorf("promote after an abort:\n got %s\nwant %s", got, want)
+	}
+	if got := noCanaryMessage(&workers.NoCanaryError{App: "web"}); !strings.Contains(got, "deployd reload web --canary 1") {
+		t.Errorf("promote without any canary: %s", got)
+	}
+	if got := appResult("web", fmt.Errorf("%w: the app is stopped; start it first", workers.ErrBadCanary)).Error; got !=
+		"canary refused, nothing changed: the app is stopped; start it first" {
+		t.Errorf("bad canary: %s", got)
 	}
 }
