@@ -269,3 +269,34 @@ func TestCanaryStopDuringHold(t *testing.T) {
 	default:
 	}
 }
+
+// A blue-green canary starts all its canaries before any old worker
+// drains; its promote moves the rest at once too.
+func TestCanaryBlueGreen(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, newListener(t), "serve-ready", 4)
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	var rec recorder
+	if err := s.ReloadCanary(nextSpec(spec, "serve-ready"), BlueGreen, Canary{N: 2}, rec.add); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"started/0", "started/1", "ready/0", "ready/1"}
+	if got := rec.steps(); len(got) < 4 || !slices.Equal(got[:4], want) {
+		t.Fatalf("canary events %q, want them to start with %q", got, want)
+	}
+	if got := releases(s); !slices.Equal(got, []string{"v2", "v2", "v1", "v1"}) {
+		t.Fatalf("releases during the hold %v", got)
+	}
+	rec = recorder{}
+	if end, err := s.Promote(rec.add); err != nil || end.Outcome != CanaryPromoted {
+		t.Fatalf("Promote: %+v, %v", end, err)
+	}
+	want = []string{"started/2", "started/3", "ready/2", "ready/3"}
+	if got := rec.steps(); len(got) < 4 || !slices.Equal(got[:4], want) {
+		t.Fatalf("promote events %q, want them to start with %q", got, want)
+	}
+	if got := releases(s); !slices.Equal(got, []string{"v2", "v2", "v2", "v2"}) {
+		t.Fatalf("releases after promote %v", got)
+	}
+}
