@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -260,4 +261,43 @@ func TestCanaryTimeoutAction(t *testing.T) {
 	ka, nka := stop()
 	requireNoFailures(t, "keep-alive through canary_timeout", ka)
 	requireNoFailures(t, "new-connection through canary_timeout", nka)
+}
+
+// A hold lives in the running agent only: after the agent is SIGKILLed
+// during a deploy's hold, the next agent serves the release state.json
+// names (the previous one) on every worker, and holds nothing.
+func TestCanaryDeployHoldDiesWithTheAgent(t *testing.T) {
+	port := FreePort(t)
+	a := StartAgent(t, bins, releasesApp(port, 2))
+	if r := a.CLI("deploy", "web", "--artifact", canaryArtifact(t, "1.0.0", ""), "--version", "1.0.0"); r.Code != 0 {
+		t.Fatalf("first deploy: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if r := a.CLI("deploy", "web", "--artifact", canaryArtifact(t, "2.0.0", ""), "--version", "2.0.0", "--canary", "1"); r.Code != 0 {
+		t.Fatalf("deploy --canary 1: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if got := versions(t, a, port); got[0] != "2.0.0" || got[1] != "1.0.0" {
+		t.Fatalf("during the hold slots serve %v", got)
+	}
+	old := allWorkerPIDs(a.Status())
+	if err := syscall.Kill(a.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent still running 10s after SIGKILL")
+	}
+	a.Start()
+	a.WaitFor("the next agent ready on one release", 30*time.Second, func(st *api.Status) bool {
+		w := appOf(st, "web")
+		return AllReady(st, "web", 2) && len(w.Workers) == 2 && w.Workers[0].Release == w.Workers[1].Release
+	})
+	waitAllGone(t, old, 15*time.Second) // the killed agent's workers, canary too, retire
+	requireVersion(t, a, port, "1.0.0")
+	if app := a.App("web"); app.State != "running" || app.Canary != nil {
+		t.Errorf("after the agent restart: state %q, canary %+v", app.State, app.Canary)
+	}
+	if st := releaseStatus(t, a); st["1.0.0"] != "current" {
+		t.Errorf("after the agent restart releases are %v", st)
+	}
 }
