@@ -22,8 +22,9 @@ const workers = 2
 
 // result is one server's run.
 type result struct {
-	reloads []int64 // failed requests during each reload
-	upgrade int64   // during the upgrade; -1 when it did not run
+	reloads []int64         // failed requests during each reload
+	took    []time.Duration // how long each reload took
+	upgrade int64           // during the upgrade; -1 when it did not run
 	p50     time.Duration
 	err     string // why the run stopped early
 }
@@ -32,7 +33,15 @@ func (r result) summary() string {
 	if r.err != "" {
 		return fmt.Sprintf("reloads %v, upgrade %d, error: %s", r.reloads, r.upgrade, r.err)
 	}
-	return fmt.Sprintf("reloads %v, upgrade %d, keep-alive p50 %s", r.reloads, r.upgrade, r.p50)
+	return fmt.Sprintf("reloads %v (took %v), upgrade %d, keep-alive p50 %s", r.reloads, roundAll(r.took), r.upgrade, r.p50)
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(10 * time.Millisecond)
+	}
+	return out
 }
 
 func (r result) row(s *server, version string) string {
@@ -79,6 +88,17 @@ func (h *harness) runServer(s *server) (res result) {
 		return res
 	}
 	failed := func() int64 { return ka.Snapshot().Failures + nka.Snapshot().Failures }
+	// which tells, on stderr, which load lost what since the last call and how:
+	// the measured reason a server does not reach 0.
+	var lastKA, lastNKA loadgen.Result
+	which := func(what string) {
+		k, n := ka.Snapshot(), nka.Snapshot()
+		if d := k.Failures + n.Failures - lastKA.Failures - lastNKA.Failures; d > 0 {
+			fmt.Fprintf(os.Stderr, "compat: %s: %s: %d failed: keep-alive %s; new-connection %s\n", s.name, what, d,
+				delta(k, lastKA), delta(n, lastNKA))
+		}
+		lastKA, lastNKA = k, n
+	}
 	defer func() {
 		k, n := ka.Stop(), nka.Stop()
 		res.p50 = k.P50
@@ -89,14 +109,18 @@ func (h *harness) runServer(s *server) (res result) {
 		}
 	}()
 	time.Sleep(time.Second) // a baseline under load before the first reload
+	which("before the first reload")
 	for i := 1; i <= h.reloads; i++ {
 		before := failed()
 		if err := a.writeConfig(h, s, port, fmt.Sprintf("v%d", i+1)); err != nil {
 			res.err = err.Error()
 			return res
 		}
+		t0 := time.Now()
 		out, err := a.cli(h, "reload", "web")
 		res.reloads = append(res.reloads, failed()-before)
+		res.took = append(res.took, time.Since(t0))
+		which(fmt.Sprintf("reload %d", i))
 		if err != nil {
 			res.err = fmt.Sprintf("reload %d: %v: %s", i, err, lastLine(out))
 			return res
@@ -116,7 +140,26 @@ func (h *harness) runServer(s *server) (res result) {
 		res.err = "after the upgrade: " + err.Error()
 	}
 	res.upgrade = failed() - before
+	which("upgrade")
 	return res
+}
+
+// delta describes the failures of r since last: how many, of which kind, and
+// the errors not seen before.
+func delta(r, last loadgen.Result) string {
+	seen := map[string]bool{}
+	for _, e := range last.Errors {
+		seen[e] = true
+	}
+	var errs []string
+	for _, e := range r.Errors {
+		if !seen[e] {
+			errs = append(errs, e)
+		}
+	}
+	return fmt.Sprintf("%d failed (%d retried after a reused connection failed, %d connect, %d refused) of %d%s",
+		r.Failures-last.Failures, r.Retries-last.Retries, r.ConnectErrors-last.ConnectErrors, r.Refused-last.Refused,
+		r.Requests-last.Requests, strings.Join(append([]string{""}, errs...), "; "))
 }
 
 func (h *harness) startAgent(s *server) (*agent, int, error) {

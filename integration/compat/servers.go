@@ -43,11 +43,28 @@ func servers() []server {
 			},
 		},
 		{
+			name: "gunicorn + uvicorn workers + deployd_uvicorn drain", apt: []string{"python3-gunicorn", "python3-uvicorn"},
+			probe:   []string{python, "-c", "import gunicorn, uvicorn.workers"},
+			version: []string{python, "-c", "import gunicorn, uvicorn; print('gunicorn', gunicorn.__version__, 'uvicorn', uvicorn.__version__)"},
+			ready:   "notify", settings: "as above, the app wrapped in `deployd_uvicorn.drain(app)`",
+			argv: func(*harness) []string {
+				return []string{python, "-m", "gunicorn", "--workers", "1", "--preload", "-k", "uvicorn.workers.UvicornWorker", "asgi_drain:app"}
+			},
+		},
+		{
 			name: "uvicorn (ASGI)", apt: []string{"python3-uvicorn"},
 			probe: []string{python, "-c", "import uvicorn"}, version: []string{python, "-c", "import uvicorn; print('uvicorn', uvicorn.__version__)"},
 			ready: "log:Application startup complete", settings: "`--fd 3`; `tcp_nodelay` (default) matters",
 			argv: func(*harness) []string {
 				return []string{python, "-m", "uvicorn", "--fd", "3", "asgi:app"}
+			},
+		},
+		{
+			name: "uvicorn + deployd_uvicorn drain", apt: []string{"python3-uvicorn"},
+			probe: []string{python, "-c", "import uvicorn"}, version: []string{python, "-c", "import uvicorn; print('uvicorn', uvicorn.__version__)"},
+			ready: "log:Application startup complete", settings: "as above, the app wrapped in `deployd_uvicorn.drain(app)`",
+			argv: func(*harness) []string {
+				return []string{python, "-m", "uvicorn", "--fd", "3", "asgi_drain:app"}
 			},
 		},
 		{
