@@ -11,7 +11,7 @@ import (
 // An app whose workers exit at once becomes errored within a minute with
 // the default restart settings (issue 17: it used to restart for minutes),
 // and the text status shows its last exit status and last output line.
-func TestCrashLoopErroredWithinAMinuteByDefault(t *testing.T) {
+func TestDefaultsErrorACrashLoopWithinAMinute(t *testing.T) {
 	port := FreePort(t)
 	t0 := time.Now()
 	a := StartAgent(t, bins, appConfig("web", port, 2, `env = { TESTAPP_EXIT_BEFORE_READY = "7" }`))
