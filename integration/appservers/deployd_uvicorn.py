@@ -5,8 +5,9 @@ and accepted ones whose request it has not read yet, at once: a client whose
 next request crosses the close gets a reset. With this module, the stop signal
 makes uvicorn stop accepting (the other workers take the queued connections),
 every later response says "Connection: close", and uvicorn's own shutdown runs
-once each connection closed, after that response or uvicorn's keep-alive
-timeout. Use it in the module that defines the app:
+once each connection closed after that response, or after uvicorn's keep-alive
+timeout (then it closes the connections that sent nothing and waits for the
+requests in flight). Use it in the module that defines the app:
 
     import deployd_uvicorn
     app = deployd_uvicorn.drain(app)
@@ -25,7 +26,12 @@ async def _drain_then_shutdown(self, sockets=None):
     for server in self.servers:
         server.close()  # stop accepting
     await asyncio.sleep(0.1)  # connections accepted just before reach server_state
-    while self.server_state.connections and not self.force_exit:
+    # A connection closes after its next response; one that sends nothing
+    # more closes at the keep-alive timeout, when uvicorn's shutdown closes
+    # those that never sent a request and waits for the requests in flight.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + self.config.timeout_keep_alive
+    while self.server_state.connections and not self.force_exit and loop.time() < deadline:
         await asyncio.sleep(0.1)
     await _uvicorn_shutdown(self, sockets)
 
