@@ -88,17 +88,7 @@ func (h *harness) runServer(s *server) (res result) {
 		return res
 	}
 	failed := func() int64 { return ka.Snapshot().Failures + nka.Snapshot().Failures }
-	// which tells, on stderr, which load lost what since the last call and how:
-	// the measured reason a server does not reach 0.
-	var lastKA, lastNKA loadgen.Result
-	which := func(what string) {
-		k, n := ka.Snapshot(), nka.Snapshot()
-		if d := k.Failures + n.Failures - lastKA.Failures - lastNKA.Failures; d > 0 {
-			fmt.Fprintf(os.Stderr, "compat: %s: %s: %d failed: keep-alive %s; new-connection %s\n", s.name, what, d,
-				delta(k, lastKA), delta(n, lastNKA))
-		}
-		lastKA, lastNKA = k, n
-	}
+	which := (&losses{name: s.name, ka: ka, nka: nka}).tell
 	defer func() {
 		k, n := ka.Stop(), nka.Stop()
 		res.p50 = k.P50
@@ -127,21 +117,48 @@ func (h *harness) runServer(s *server) (res result) {
 		}
 	}
 	before := failed()
+	counted, err := h.upgrade(a)
+	if err != nil {
+		res.err = err.Error()
+	}
+	if counted {
+		res.upgrade = failed() - before
+		which("upgrade")
+	}
+	return res
+}
+
+// upgrade upgrades a's agent to the candidate binary and waits until every
+// worker is ready again; counted is false when the upgrade did not run.
+func (h *harness) upgrade(a *agent) (counted bool, err error) {
 	cand := filepath.Join(a.dir, "deployd-candidate")
 	if err := copyFile(h.deploy2, cand); err != nil {
-		res.err = err.Error()
-		return res
+		return false, err
 	}
 	if out, err := a.cli(h, "upgrade", "--binary", cand); err != nil {
-		res.err = fmt.Sprintf("upgrade: %v: %s", err, lastLine(out))
-		return res
+		return false, fmt.Errorf("upgrade: %w: %s", err, lastLine(out))
 	}
 	if err := a.waitReady(60 * time.Second); err != nil {
-		res.err = "after the upgrade: " + err.Error()
+		return true, fmt.Errorf("after the upgrade: %w", err)
 	}
-	res.upgrade = failed() - before
-	which("upgrade")
-	return res
+	return true, nil
+}
+
+// losses tells, on stderr, which load lost what since the last tell and how:
+// the measured reason a server does not reach 0.
+type losses struct {
+	name            string
+	ka, nka         *loadgen.Load
+	lastKA, lastNKA loadgen.Result
+}
+
+func (l *losses) tell(what string) {
+	k, n := l.ka.Snapshot(), l.nka.Snapshot()
+	if d := k.Failures + n.Failures - l.lastKA.Failures - l.lastNKA.Failures; d > 0 {
+		fmt.Fprintf(os.Stderr, "compat: %s: %s: %d failed: keep-alive %s; new-connection %s\n", l.name, what, d,
+			delta(k, l.lastKA), delta(n, l.lastNKA))
+	}
+	l.lastKA, l.lastNKA = k, n
 }
 
 // delta describes the failures of r since last: how many, of which kind, and
