@@ -28,7 +28,7 @@ func TestUvicornDrainReloadsDropNothing(t *testing.T) {
 			"-k", "uvicorn.workers.UvicornWorker", "asgi_drain:app"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			const instances, reloads = 2, 3
+			const instances, reloads = 2, 2
 			port := FreePort(t)
 			app := func(ver string) string {
 				return serverAppReady("web", tc.ready, port, instances, tc.argv, fmt.Sprintf("APP_VERSION = %q", ver), "")
