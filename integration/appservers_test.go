@@ -32,6 +32,11 @@ func requireTool(t *testing.T, install string, argv ...string) {
 
 // serverApp is an [apps.NAME] table running argv from the appservers folder.
 func serverApp(name string, port, instances int, argv []string, env, extra string) string {
+	return serverAppReady(name, "notify", port, instances, argv, env, extra)
+}
+
+// serverAppReady is serverApp with another ready mode.
+func serverAppReady(name, ready string, port, instances int, argv []string, env, extra string) string {
 	q := make([]string, len(argv))
 	for i, a := range argv {
 		q[i] = fmt.Sprintf("%q", a)
@@ -41,12 +46,12 @@ command = [%s]
 cwd = %q
 instances = %d
 listen = ["tcp://127.0.0.1:%d"]
-ready = "notify"
+ready = %q
 ready_timeout = "20s"
 stop_timeout = "15s"
 env = { %s }
 %s
-`, name, strings.Join(q, ", "), appServersDir(), instances, port, env, extra)
+`, name, strings.Join(q, ", "), appServersDir(), instances, port, ready, env, extra)
 }
 
 // reloadTo rewrites the config with body, reloads app and returns the

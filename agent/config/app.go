@@ -75,7 +75,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		KeepReleases:  5,
 		Restart: Restart{
 			Backoff:     100 * time.Millisecond,
-			MaxBackoff:  30 * time.Second,
+			MaxBackoff:  10 * time.Second, // a crash loop reaches errored within the 1m window
 			MaxRestarts: 10,
 			Window:      time.Minute,
 			StableAfter: time.Second,

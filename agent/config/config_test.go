@@ -276,7 +276,7 @@ func TestDefaults(t *testing.T) {
 		KeepReleases:  5,
 		Restart: Restart{
 			Backoff:     100 * time.Millisecond,
-			MaxBackoff:  30 * time.Second,
+			MaxBackoff:  10 * time.Second,
 			MaxRestarts: 10,
 			Window:      time.Minute,
 			StableAfter: time.Second,

@@ -172,7 +172,7 @@ var examples = map[string]string{
 	"nonblocking": `false`, "max_surge": `1`, "canary_timeout": `"15m"`, "canary_action": `"promote"`, "releases": `true`, "keep_releases": `5`,
 	"max_memory": `"512MiB"`, "cpu_affinity": `true`, "user": `"www-data"`,
 	"group": `"www-data"`, "watchdog": `"10s"`, "node": `"off"`,
-	"backoff": `"100ms"`, "max_backoff": `"30s"`, "max_restarts": `10`,
+	"backoff": `"100ms"`, "max_backoff": `"10s"`, "max_restarts": `10`,
 	"window": `"1m"`, "stable_after": `"1s"`,
 	"format": `"text"`, "max_size": `"100MiB"`, "max_files": `10`, "max_age": `"168h"`,
 	"compress": `true`,

@@ -1,9 +1,11 @@
 // Command compat is the compatibility harness: it runs real app servers
-// (gunicorn, gunicorn with uvicorn workers, uvicorn, Puma, a Go app on
-// package worker, an unmodified Express app) under deployd, each with 2
+// (gunicorn, gunicorn with uvicorn workers and uvicorn, each of those two
+// also with integration/appservers/deployd_uvicorn.py's drain, Puma, a Go
+// app on package worker, an unmodified Express app) under deployd, each with 2
 // workers, through 5 reloads and 1 agent upgrade under two loads at once
 // (keep-alive clients and one-connection-per-request clients), and prints a
-// Markdown table of the failed requests. A server that is not installed is
+// Markdown table of the failed requests; on stderr, which load lost the
+// failed requests of each reload and how. A server that is not installed is
 // skipped with a line saying so (with -install it first tries apt-get and
 // npm), never counted as passing.
 //

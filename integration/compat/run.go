@@ -22,8 +22,9 @@ const workers = 2
 
 // result is one server's run.
 type result struct {
-	reloads []int64 // failed requests during each reload
-	upgrade int64   // during the upgrade; -1 when it did not run
+	reloads []int64         // failed requests during each reload
+	took    []time.Duration // how long each reload took
+	upgrade int64           // during the upgrade; -1 when it did not run
 	p50     time.Duration
 	err     string // why the run stopped early
 }
@@ -32,7 +33,15 @@ func (r result) summary() string {
 	if r.err != "" {
 		return fmt.Sprintf("reloads %v, upgrade %d, error: %s", r.reloads, r.upgrade, r.err)
 	}
-	return fmt.Sprintf("reloads %v, upgrade %d, keep-alive p50 %s", r.reloads, r.upgrade, r.p50)
+	return fmt.Sprintf("reloads %v (took %v), upgrade %d, keep-alive p50 %s", r.reloads, roundAll(r.took), r.upgrade, r.p50)
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(10 * time.Millisecond)
+	}
+	return out
 }
 
 func (r result) row(s *server, version string) string {
@@ -79,6 +88,7 @@ func (h *harness) runServer(s *server) (res result) {
 		return res
 	}
 	failed := func() int64 { return ka.Snapshot().Failures + nka.Snapshot().Failures }
+	which := (&losses{name: s.name, ka: ka, nka: nka}).tell
 	defer func() {
 		k, n := ka.Stop(), nka.Stop()
 		res.p50 = k.P50
@@ -89,34 +99,84 @@ func (h *harness) runServer(s *server) (res result) {
 		}
 	}()
 	time.Sleep(time.Second) // a baseline under load before the first reload
+	which("before the first reload")
 	for i := 1; i <= h.reloads; i++ {
 		before := failed()
 		if err := a.writeConfig(h, s, port, fmt.Sprintf("v%d", i+1)); err != nil {
 			res.err = err.Error()
 			return res
 		}
+		t0 := time.Now()
 		out, err := a.cli(h, "reload", "web")
 		res.reloads = append(res.reloads, failed()-before)
+		res.took = append(res.took, time.Since(t0))
+		which(fmt.Sprintf("reload %d", i))
 		if err != nil {
 			res.err = fmt.Sprintf("reload %d: %v: %s", i, err, lastLine(out))
 			return res
 		}
 	}
 	before := failed()
+	counted, err := h.upgrade(a)
+	if err != nil {
+		res.err = err.Error()
+	}
+	if counted {
+		res.upgrade = failed() - before
+		which("upgrade")
+	}
+	return res
+}
+
+// upgrade upgrades a's agent to the candidate binary and waits until every
+// worker is ready again; counted is false when the upgrade did not run.
+func (h *harness) upgrade(a *agent) (counted bool, err error) {
 	cand := filepath.Join(a.dir, "deployd-candidate")
 	if err := copyFile(h.deploy2, cand); err != nil {
-		res.err = err.Error()
-		return res
+		return false, err
 	}
 	if out, err := a.cli(h, "upgrade", "--binary", cand); err != nil {
-		res.err = fmt.Sprintf("upgrade: %v: %s", err, lastLine(out))
-		return res
+		return false, fmt.Errorf("upgrade: %w: %s", err, lastLine(out))
 	}
 	if err := a.waitReady(60 * time.Second); err != nil {
-		res.err = "after the upgrade: " + err.Error()
+		return true, fmt.Errorf("after the upgrade: %w", err)
 	}
-	res.upgrade = failed() - before
-	return res
+	return true, nil
+}
+
+// losses tells, on stderr, which load lost what since the last tell and how:
+// the measured reason a server does not reach 0.
+type losses struct {
+	name            string
+	ka, nka         *loadgen.Load
+	lastKA, lastNKA loadgen.Result
+}
+
+func (l *losses) tell(what string) {
+	k, n := l.ka.Snapshot(), l.nka.Snapshot()
+	if d := k.Failures + n.Failures - l.lastKA.Failures - l.lastNKA.Failures; d > 0 {
+		fmt.Fprintf(os.Stderr, "compat: %s: %s: %d failed: keep-alive %s; new-connection %s\n", l.name, what, d,
+			delta(k, l.lastKA), delta(n, l.lastNKA))
+	}
+	l.lastKA, l.lastNKA = k, n
+}
+
+// delta describes the failures of r since last: how many, of which kind, and
+// the errors not seen before.
+func delta(r, last loadgen.Result) string {
+	seen := map[string]bool{}
+	for _, e := range last.Errors {
+		seen[e] = true
+	}
+	var errs []string
+	for _, e := range r.Errors {
+		if !seen[e] {
+			errs = append(errs, e)
+		}
+	}
+	return fmt.Sprintf("%d failed (%d retried after a reused connection failed, %d connect, %d refused) of %d%s",
+		r.Failures-last.Failures, r.Retries-last.Retries, r.ConnectErrors-last.ConnectErrors, r.Refused-last.Refused,
+		r.Requests-last.Requests, strings.Join(append([]string{""}, errs...), "; "))
 }
 
 func (h *harness) startAgent(s *server) (*agent, int, error) {

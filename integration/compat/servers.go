@@ -36,10 +36,19 @@ func servers() []server {
 		{
 			name: "gunicorn + uvicorn workers (ASGI)", apt: []string{"python3-gunicorn", "python3-uvicorn"},
 			probe:   []string{python, "-c", "import gunicorn, uvicorn.workers"},
-			version: []string{python, "-c", "import gunicorn, uvicorn; print('gunicorn', gunicorn.__version__, 'uvicorn', uvicorn.__version__)"},
+			version: []string{python, "-c", "import gunicorn, uvicorn; print('gunicorn %s, uvicorn %s' % (gunicorn.__version__, uvicorn.__version__))"},
 			ready:   "notify", settings: "`-k uvicorn.workers.UvicornWorker --preload`",
 			argv: func(*harness) []string {
 				return []string{python, "-m", "gunicorn", "--workers", "1", "--preload", "-k", "uvicorn.workers.UvicornWorker", "asgi:app"}
+			},
+		},
+		{
+			name: "gunicorn + uvicorn workers + drain", apt: []string{"python3-gunicorn", "python3-uvicorn"},
+			probe:   []string{python, "-c", "import gunicorn, uvicorn.workers"},
+			version: []string{python, "-c", "import gunicorn, uvicorn; print('gunicorn %s, uvicorn %s' % (gunicorn.__version__, uvicorn.__version__))"},
+			ready:   "notify", settings: "as above, the app wrapped in `deployd_uvicorn.drain(app)`",
+			argv: func(*harness) []string {
+				return []string{python, "-m", "gunicorn", "--workers", "1", "--preload", "-k", "uvicorn.workers.UvicornWorker", "asgi_drain:app"}
 			},
 		},
 		{
@@ -48,6 +57,14 @@ func servers() []server {
 			ready: "log:Application startup complete", settings: "`--fd 3`; `tcp_nodelay` (default) matters",
 			argv: func(*harness) []string {
 				return []string{python, "-m", "uvicorn", "--fd", "3", "asgi:app"}
+			},
+		},
+		{
+			name: "uvicorn + drain", apt: []string{"python3-uvicorn"},
+			probe: []string{python, "-c", "import uvicorn"}, version: []string{python, "-c", "import uvicorn; print('uvicorn', uvicorn.__version__)"},
+			ready: "log:Application startup complete", settings: "as above, the app wrapped in `deployd_uvicorn.drain(app)`",
+			argv: func(*harness) []string {
+				return []string{python, "-m", "uvicorn", "--fd", "3", "asgi_drain:app"}
 			},
 		},
 		{
@@ -64,7 +81,7 @@ func servers() []server {
 			argv: func(h *harness) []string { return []string{h.goapp} },
 		},
 		{
-			name: "Node.js Express 5 (unmodified)", npm: true, version: []string{"node", "--version"},
+			name: "Node.js Express 5 (unmodified)", npm: true, version: []string{"node", "-p", `"node " + process.version`},
 			ready: "notify", settings: "none (the Node.js integration: `listen(port)` as written)",
 			argv: func(h *harness) []string { return []string{"node", filepath.Join(h.nodeDir, "express.js")} },
 		},
