@@ -113,6 +113,13 @@ func configCommand() *cli.Command {
 					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
 						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw,
 						a.MinReady, a.TCPNoDelay, nodeMode(a))
+					if h := a.Health; h != nil {
+						fmt.Fprintf(w, "    health: GET %s every %s, timeout %s, replaced after %d failures in a row\n",
+							h.Path, h.Interval, h.Timeout, h.Failures)
+					}
+					if note := a.HealthNote(); note != "" {
+						fmt.Fprintf(w, "    note: %s\n", note)
+					}
 				}
 				for _, p := range cfg.Warnings {
 					fmt.Fprintf(c.App.ErrWriter, "deployd: warning: %s\n", p)
