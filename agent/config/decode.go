@@ -177,7 +177,7 @@ var examples = map[string]string{
 	"window": `"1m"`, "stable_after": `"1s"`,
 	"format": `"text"`, "max_size": `"100MiB"`, "max_files": `10`, "max_age": `"168h"`,
 	"compress": `true`,
-	"path": `"/healthz"`, "interval": `"5s"`, "timeout": `"2s"`, "failures": `3`,
+	"path":     `"/healthz"`, "interval": `"5s"`, "timeout": `"2s"`, "failures": `3`,
 }
 
 // example returns a fix hint showing key written correctly, or "".
