@@ -1,0 +1,152 @@
+package integration
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// healthApp is the test app ready by its health path, with extra keys.
+func healthApp(port, instances int, ver, env, extra string) string {
+	return versionedApp(port, instances, ver, env, "ready = \"http:/healthz\"\n"+extra)
+}
+
+// ready = "http:/healthz" under both loads at once: a release whose
+// workers listen and send READY=1 at once, but whose health path says OK
+// only 2 s later, is not counted ready before it does (the reload waits);
+// one whose health path never says OK is abandoned with the old workers
+// serving; no request fails.
+func TestHTTPReadinessWaitsForHealthPath(t *testing.T) {
+	port := FreePort(t)
+	const instances, okAfter = 2, 2 * time.Second
+	a := StartAgent(t, bins, healthApp(port, instances, "v1", "", ""))
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	stop := startLoad(t, port, 20, 2*time.Minute)
+
+	r, took := reloadTo(a, "web", healthApp(port, instances, "v2", fmt.Sprintf(`TESTAPP_HEALTH_AFTER = %q`, okAfter), ""))
+	if r.Code != 0 {
+		t.Fatalf("reload to v2: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if took < okAfter {
+		t.Errorf("the reload took %s: a worker counted ready before its health path said OK (after %s)", took, okAfter)
+	}
+	app := a.App("web")
+	for _, w := range app.Workers {
+		if w.Release == "" || w.ReadyMillis < okAfter.Milliseconds() {
+			t.Errorf("worker %d (pid %d) ready after %d ms, want at least %d: READY=1 or the listen counted, not the health path",
+				w.Slot, w.PID, w.ReadyMillis, okAfter.Milliseconds())
+		}
+	}
+	for pid, v := range identities(t, port, PIDs(app)) {
+		if v != "v2" {
+			t.Errorf("after the reload, worker %d answers %s, want v2", pid, v)
+		}
+	}
+
+	before := PIDs(a.App("web"))
+	r, _ = reloadTo(a, "web", healthApp(port, instances, "v3", `TESTAPP_HEALTH_AFTER = "1h"`, `ready_timeout = "3s"`))
+	if r.Code != 1 {
+		t.Fatalf("reload to a release whose health path never says OK: exit %d, want 1\n%s", r.Code, r.Stderr)
+	}
+	for _, want := range []string{"not ready within ready_timeout 3s", "last health check: GET /healthz: 503", "previous version still serving"} {
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("reload output lacks %q:\n%s", want, r.Stderr)
+		}
+	}
+	if after := PIDs(a.App("web")); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("workers changed after the abandoned reload: %v, then %v", before, after)
+	}
+	ka, nka := stop()
+	requireNoFailures(t, "keep-alive clients", ka)
+	requireNoFailures(t, "new-connection clients", nka)
+}
+
+// A worker whose health path hangs (it still serves everything else) fails
+// its liveness check 3 times in a row and is replaced, new one ready
+// first, under both loads at once with no failed request; the other
+// worker is untouched.
+func TestHungWorkerFailingLivenessIsReplaced(t *testing.T) {
+	port := FreePort(t)
+	const instances = 2
+	health := "[apps.web.health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nfailures = 3\n"
+	a := StartAgent(t, bins, healthApp(port, instances, "v1", "", health))
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	before := PIDs(appOf(st, "web"))
+	stop := startLoad(t, port, 20, 2*time.Minute)
+	body, err := get(t, port, "/sick")
+	if err != nil {
+		t.Fatalf("GET /sick: %v", err)
+	}
+	var ver string
+	var sick, slot int
+	if _, err := fmt.Sscanf(body, "version=%s pid=%d slot=%d", &ver, &sick, &slot); err != nil {
+		t.Fatalf("GET /sick body %q: %v", body, err)
+	}
+	t0 := time.Now()
+	st = a.WaitFor("the hung worker replaced", 30*time.Second, func(st *api.Status) bool {
+		w := appOf(st, "web")
+		ps := PIDs(w)
+		return ps[slot] != 0 && ps[slot] != sick && !Alive(sick) && AllReady(st, "web", instances)
+	})
+	t.Logf("worker %d (pid %d) replaced %s after its health path hung", slot, sick, time.Since(t0).Round(time.Millisecond))
+	ka, nka := stop()
+	requireNoFailures(t, "keep-alive clients", ka)
+	requireNoFailures(t, "new-connection clients", nka)
+
+	after := PIDs(appOf(st, "web"))
+	for s, pid := range before {
+		if s != slot && after[s] != pid {
+			t.Errorf("the healthy worker %d changed: pid %d, then %d", s, pid, after[s])
+		}
+	}
+	for _, w := range appOf(st, "web").Workers {
+		want := 0
+		if w.Slot == slot {
+			want = 1
+		}
+		if w.HealthReplacements != want || w.HealthFailures != 0 {
+			t.Errorf("worker %d: health_replacements %d, health_failures %d; want %d, 0", w.Slot, w.HealthReplacements, w.HealthFailures, want)
+		}
+	}
+	if log := a.Log(); !strings.Contains(log, "failed its health check; replacing it") {
+		t.Errorf("the agent log does not say why the worker was replaced:\n%s", log)
+	}
+	if out := a.CLI("status").Stdout; !strings.Contains(out, fmt.Sprintf("web[%d]: replaced 1 times for failing its health check", slot)) {
+		t.Errorf("status does not show the health replacement:\n%s", out)
+	}
+}
+
+// gunicorn serves every socket in LISTEN_FDS (it ignores --bind then), the
+// health listener too: ready = "http:/healthz" gates its reloads, and its
+// liveness checks pass.
+func TestGunicornHTTPHealth(t *testing.T) {
+	requireTool(t, "apt-get install python3-gunicorn", debianPython, "-c", "import gunicorn")
+	port := FreePort(t)
+	app := func(ver, mode string) string {
+		return fmt.Sprintf(`[apps.web]
+command = [%q, "-m", "gunicorn", "--workers", "2", "--preload", "wsgi:app"]
+cwd = %q
+instances = 2
+listen = ["tcp://127.0.0.1:%d"]
+ready = "http:/healthz"
+ready_timeout = "20s"
+stop_timeout = "15s"
+env = { APP_VERSION = %q, WSGI_APP_MODE = %q }
+[apps.web.health]
+interval = "250ms"
+timeout = "250ms"
+`, debianPython, appServersDir(), port, ver, mode)
+	}
+	a := StartAgent(t, bins, app("v1", ""))
+	a.WaitFor("gunicorn ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	checkGated(t, a, port, app)
+	for _, w := range a.App("web").Workers {
+		if w.HealthFailuresTotal != 0 || w.HealthReplacements != 0 {
+			t.Errorf("gunicorn worker %d: %d failed health checks (%q), %d replacements; want none",
+				w.Slot, w.HealthFailuresTotal, w.HealthError, w.HealthReplacements)
+		}
+	}
+}
