@@ -150,3 +150,50 @@ timeout = "250ms"
 		}
 	}
 }
+
+// nodeHealthApp answers /healthz 503 for its first 1.5 s of listening, then
+// 200; everything else "Hello World!".
+const nodeHealthApp = `const http = require('http');
+let since = 0;
+const server = http.createServer((req, res) => {
+  if (req.url === '/healthz') {
+    res.statusCode = Date.now() - since < 1500 ? 503 : 200;
+    return res.end(res.statusCode === 200 ? 'ok' : 'warming up');
+  }
+  res.end('Hello World!');
+});
+server.listen(3000, () => { since = Date.now(); });
+`
+
+// The Node.js integration serves the health listener with the app's own
+// request handler: ready = "http:/healthz" waits for the app's 200 (not
+// for the listen, which the preload reports at once), reloads under both
+// loads lose nothing, and the liveness checks pass.
+func TestNodeHTTPHealth(t *testing.T) {
+	port := FreePort(t)
+	dir := nodeApp(t, "express4", port, map[string]string{"app.js": nodeHealthApp})
+	cfg := nodeConfig(dir, []string{"node", "app.js"}, port, 2,
+		"ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"250ms\"\ntimeout = \"250ms\"\n")
+	a := StartAgent(t, bins, cfg)
+	st := a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	for _, w := range appOf(st, "web").Workers {
+		if w.ReadyMillis < 1500 {
+			t.Errorf("node worker %d ready after %d ms, before its /healthz said 200 (1500 ms after listen)", w.Slot, w.ReadyMillis)
+		}
+	}
+	stop := helloLoad(t, port, 20, 2*time.Minute)
+	for i := 0; i < 2; i++ {
+		if r := a.CLI("reload", "web"); r.Code != 0 {
+			t.Fatalf("reload %d: exit %d\n%s", i+1, r.Code, r.Stderr)
+		}
+	}
+	ka, nka := stop()
+	requireNoFailures(t, "keep-alive clients", ka)
+	requireNoFailures(t, "new-connection clients", nka)
+	for _, w := range a.App("web").Workers {
+		if w.HealthFailuresTotal != 0 || w.HealthReplacements != 0 {
+			t.Errorf("node worker %d: %d failed health checks (%q), %d replacements; want none",
+				w.Slot, w.HealthFailuresTotal, w.HealthError, w.HealthReplacements)
+		}
+	}
+}
