@@ -197,3 +197,22 @@ func TestNodeHTTPHealth(t *testing.T) {
 		}
 	}
 }
+
+// The README's Go example (worker.ServeHTTP, nothing else) answers the
+// health checks on the health listener with its own handler.
+func TestGoPackageServesHealth(t *testing.T) {
+	path := goApp(t)
+	port := FreePort(t)
+	extra := "ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\n"
+	a := StartAgent(t, bins, goAppConfig(path, port, 2, "v1", extra))
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	if r, _ := reloadTo(a, "web", goAppConfig(path, port, 2, "v2", extra)); r.Code != 0 {
+		t.Fatalf("reload: exit %d\n%s", r.Code, r.Stderr)
+	}
+	for _, w := range a.App("web").Workers {
+		if w.HealthFailuresTotal != 0 || w.HealthReplacements != 0 || w.Release == "" {
+			t.Errorf("worker %d: %d failed health checks (%q), %d replacements; want none",
+				w.Slot, w.HealthFailuresTotal, w.HealthError, w.HealthReplacements)
+		}
+	}
+}
