@@ -216,3 +216,34 @@ func TestGoPackageServesHealth(t *testing.T) {
 		}
 	}
 }
+
+// Puma with --bind-to-activated-sockets only serves every socket in
+// LISTEN_FDS, the health listener (a unix socket) too.
+func TestPumaHTTPHealth(t *testing.T) {
+	requireTool(t, "apt-get install puma", "ruby", "-e", `require "puma"`)
+	port := FreePort(t)
+	app := func(ver, mode string) string {
+		return fmt.Sprintf(`[apps.web]
+command = ["puma", "--bind-to-activated-sockets", "only", "-t", "4:4", "config.ru"]
+cwd = %q
+instances = 2
+listen = ["tcp://127.0.0.1:%d"]
+ready = "http:/healthz"
+ready_timeout = "20s"
+stop_timeout = "15s"
+env = { APP_VERSION = %q, PUMA_APP_MODE = %q }
+[apps.web.health]
+interval = "250ms"
+timeout = "250ms"
+`, appServersDir(), port, ver, mode)
+	}
+	a := StartAgent(t, bins, app("v1", ""))
+	a.WaitFor("puma ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	checkGated(t, a, port, app)
+	for _, w := range a.App("web").Workers {
+		if w.HealthFailuresTotal != 0 || w.HealthReplacements != 0 {
+			t.Errorf("puma worker %d: %d failed health checks (%q), %d replacements; want none",
+				w.Slot, w.HealthFailuresTotal, w.HealthError, w.HealthReplacements)
+		}
+	}
+}
