@@ -247,3 +247,41 @@ timeout = "250ms"
 		}
 	}
 }
+
+// gunicorn with uvicorn's worker class serves the health listener too.
+func TestGunicornUvicornWorkerHTTPHealth(t *testing.T) {
+	requireTool(t, "apt-get install python3-gunicorn python3-uvicorn", debianPython, "-c", "import gunicorn, uvicorn.workers")
+	port := FreePort(t)
+	app := func(ver string) string {
+		return fmt.Sprintf(`[apps.web]
+command = [%q, "-m", "gunicorn", "--workers", "1", "-k", "uvicorn.workers.UvicornWorker", "asgi:app"]
+cwd = %q
+instances = 2
+listen = ["tcp://127.0.0.1:%d"]
+ready = "http:/healthz"
+ready_timeout = "20s"
+stop_timeout = "15s"
+env = { APP_VERSION = %q }
+[apps.web.health]
+interval = "250ms"
+timeout = "250ms"
+`, debianPython, appServersDir(), port, ver)
+	}
+	a := StartAgent(t, bins, app("v1"))
+	a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	if r, _ := reloadTo(a, "web", app("v2")); r.Code != 0 {
+		t.Fatalf("reload: exit %d\n%s", r.Code, r.Stderr)
+	}
+	// The pid that answers is gunicorn's worker, a child of the one deployd runs.
+	for i := 0; i < 20; i++ {
+		if body, err := get(t, port, "/"); err != nil || !strings.HasPrefix(body, "version=v2 ") {
+			t.Fatalf("after the reload: %q, %v; want version=v2", body, err)
+		}
+	}
+	for _, w := range a.App("web").Workers {
+		if w.HealthFailuresTotal != 0 || w.HealthReplacements != 0 {
+			t.Errorf("worker %d: %d failed health checks (%q), %d replacements; want none",
+				w.Slot, w.HealthFailuresTotal, w.HealthError, w.HealthReplacements)
+		}
+	}
+}

@@ -70,10 +70,15 @@ func (a *App) HealthNote() string {
 	if !a.UsesHealthSocket() {
 		return ""
 	}
-	return fmt.Sprintf("health checks go to each worker's own listener, fd %d, named %q in LISTEN_FDNAMES "+
-		"(after the %d listen sockets): the app must serve every inherited socket, as gunicorn, Puma, "+
-		"deployd's Node.js integration and its Go package worker do; an app that serves only fd 3 never gets ready",
-		3+len(a.Listen), HealthFDName, len(a.Listen))
+	after := "the last inherited fd"
+	if n := len(a.Listen); n == 1 {
+		after = "after the listen socket"
+	} else if n > 1 {
+		after = fmt.Sprintf("after the %d listen sockets", n)
+	}
+	return fmt.Sprintf("health checks go to each worker's own listener, fd %d (%s), named %q in LISTEN_FDNAMES: "+
+		"the app must serve every inherited socket, as gunicorn, Puma, deployd's Node.js integration and its "+
+		"Go package worker do; an app that serves only fd 3 never gets ready", 3+len(a.Listen), after, HealthFDName)
 }
 
 // healthWarning is a warning for an app with health checks whose command

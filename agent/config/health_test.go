@@ -18,7 +18,7 @@ func TestHealthDecodes(t *testing.T) {
 	if a.Health == nil || *a.Health != want {
 		t.Errorf("health %+v, want %+v (path from ready)", a.Health, want)
 	}
-	if !strings.Contains(a.HealthNote(), `fd 4, named "deployd-health"`) {
+	if !strings.Contains(a.HealthNote(), `fd 4 (after the listen socket), named "deployd-health"`) {
 		t.Errorf("note %q does not name fd 4", a.HealthNote())
 	}
 
