@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -284,4 +285,46 @@ timeout = "250ms"
 				w.Slot, w.HealthFailuresTotal, w.HealthError, w.HealthReplacements)
 		}
 	}
+}
+
+// The agent that comes after an upgrade checks the workers it adopted: it
+// finds each one's health socket, and replaces one whose health path hangs,
+// under both loads with no failed request.
+func TestAdoptedWorkersKeepTheirHealthChecks(t *testing.T) {
+	port := FreePort(t)
+	health := "[apps.web.health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nfailures = 3\n"
+	a := NewAgentDir(t, bins, healthApp(port, 2, "v1", "", health))
+	a.UseOwnBinary()
+	a.Start()
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	stop := startLoad(t, port, 20, 2*time.Minute)
+	before := fmt.Sprint(workerPIDs(a.Status()))
+	cand := filepath.Join(t.TempDir(), "deployd-new")
+	CopyFile(t, bins.DeploydV2, cand)
+	if r := a.CLI("upgrade", "--binary", cand); r.Code != 0 {
+		t.Fatalf("upgrade: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if _, v := agentPID(t, a); v != "test-2" {
+		t.Fatalf("after the upgrade the agent is %s, want test-2", v)
+	}
+	st := a.WaitFor("adopted workers ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
+	if after := fmt.Sprint(workerPIDs(st)); after != before {
+		t.Fatalf("workers %s after the upgrade, want the adopted %s", after, before)
+	}
+	body, err := get(t, port, "/sick")
+	if err != nil {
+		t.Fatalf("GET /sick: %v", err)
+	}
+	var ver string
+	var sick, slot int
+	if _, err := fmt.Sscanf(body, "version=%s pid=%d slot=%d", &ver, &sick, &slot); err != nil {
+		t.Fatalf("GET /sick body %q: %v", body, err)
+	}
+	a.WaitFor("the adopted hung worker replaced", 30*time.Second, func(st *api.Status) bool {
+		ps := PIDs(appOf(st, "web"))
+		return ps[slot] != 0 && ps[slot] != sick && !Alive(sick) && AllReady(st, "web", 2)
+	})
+	ka, nka := stop()
+	requireNoFailures(t, "keep-alive clients", ka)
+	requireNoFailures(t, "new-connection clients", nka)
 }
