@@ -78,7 +78,11 @@ func Start(p Proc) (*os.Process, error) {
 	}
 	nfds := len(p.Listeners)
 	if p.Health != nil {
-		files = append(files, p.Health.Fd())
+		fd, err := rawFd(p.Health)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, fd)
 		names = append(names, HealthFDName)
 		nfds++
 	}
