@@ -175,3 +175,17 @@ func shortTempDir(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
+
+// With a health listener, NODE_CHANNEL_FD still names the node-ipc
+// channel: the fd after the health listener.
+func TestNodeIPCChannelFollowsHealthListener(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, newListener(t), "node-ipc-ready", 1)
+	spec.Ready = ReadyPolicy{Mode: ReadyNodeIPC}
+	spec.Health = &HealthPolicy{Path: "/healthz", Interval: time.Hour, Timeout: time.Second, Failures: 3}
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	if w := currentWorkers(s)[0]; w.health.addr == "" {
+		t.Error("the worker got no health socket")
+	}
+}
