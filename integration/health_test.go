@@ -72,7 +72,9 @@ func TestHTTPReadinessWaitsForHealthPath(t *testing.T) {
 func TestHungWorkerFailingLivenessIsReplaced(t *testing.T) {
 	port := FreePort(t)
 	const instances = 2
-	health := "[apps.web.health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nfailures = 3\n"
+	// Timeouts well above the load's p99 (~0.5 s with the race-built agent):
+	// only the hung worker fails.
+	health := "[apps.web.health]\ninterval = \"500ms\"\ntimeout = \"500ms\"\nfailures = 3\n"
 	a := StartAgent(t, bins, healthApp(port, instances, "v1", "", health))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
 	before := PIDs(appOf(st, "web"))
@@ -137,8 +139,8 @@ ready_timeout = "20s"
 stop_timeout = "15s"
 env = { APP_VERSION = %q, WSGI_APP_MODE = %q }
 [apps.web.health]
-interval = "250ms"
-timeout = "250ms"
+interval = "1s"
+timeout = "1s"
 `, debianPython, appServersDir(), port, ver, mode)
 	}
 	a := StartAgent(t, bins, app("v1", ""))
@@ -174,7 +176,7 @@ func TestNodeHTTPHealth(t *testing.T) {
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": nodeHealthApp})
 	cfg := nodeConfig(dir, []string{"node", "app.js"}, port, 2,
-		"ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"250ms\"\ntimeout = \"250ms\"\n")
+		"ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"2s\"\ntimeout = \"2s\"\n")
 	a := StartAgent(t, bins, cfg)
 	st := a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
 	for _, w := range appOf(st, "web").Workers {
@@ -204,7 +206,7 @@ func TestNodeHTTPHealth(t *testing.T) {
 func TestGoPackageServesHealth(t *testing.T) {
 	path := goApp(t)
 	port := FreePort(t)
-	extra := "ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\n"
+	extra := "ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"1s\"\ntimeout = \"1s\"\n"
 	a := StartAgent(t, bins, goAppConfig(path, port, 2, "v1", extra))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
 	if r, _ := reloadTo(a, "web", goAppConfig(path, port, 2, "v2", extra)); r.Code != 0 {
@@ -234,8 +236,8 @@ ready_timeout = "20s"
 stop_timeout = "15s"
 env = { APP_VERSION = %q, PUMA_APP_MODE = %q }
 [apps.web.health]
-interval = "250ms"
-timeout = "250ms"
+interval = "1s"
+timeout = "1s"
 `, appServersDir(), port, ver, mode)
 	}
 	a := StartAgent(t, bins, app("v1", ""))
@@ -264,8 +266,8 @@ ready_timeout = "20s"
 stop_timeout = "15s"
 env = { APP_VERSION = %q }
 [apps.web.health]
-interval = "250ms"
-timeout = "250ms"
+interval = "1s"
+timeout = "1s"
 `, debianPython, appServersDir(), port, ver)
 	}
 	a := StartAgent(t, bins, app("v1"))
@@ -292,7 +294,9 @@ timeout = "250ms"
 // under both loads with no failed request.
 func TestAdoptedWorkersKeepTheirHealthChecks(t *testing.T) {
 	port := FreePort(t)
-	health := "[apps.web.health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nfailures = 3\n"
+	// Timeouts well above the load's p99 (~0.5 s with the race-built agent):
+	// only the hung worker fails.
+	health := "[apps.web.health]\ninterval = \"500ms\"\ntimeout = \"500ms\"\nfailures = 3\n"
 	a := NewAgentDir(t, bins, healthApp(port, 2, "v1", "", health))
 	a.UseOwnBinary()
 	a.Start()
