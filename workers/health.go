@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -84,6 +85,26 @@ func (w *Worker) healthFailures() (run, total int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.health.fails, w.health.total
+}
+
+// checkHealth starts the worker's health checks on its socket at addr
+// (none when addr is ""): the readiness probe for ready = "http:PATH" and
+// the liveness check of spec.Health. The returned func ends them and waits
+// for them; the worker's waiter calls it once the process is reaped.
+func (w *Worker) checkHealth(spec *Spec, addr string) (stop func()) {
+	w.health.addr = addr
+	ctx, cancel := context.WithCancel(context.Background())
+	var done sync.WaitGroup
+	if addr != "" && spec.Ready.Mode == ReadyHTTP && !w.isReady() {
+		done.Go(func() { w.probeReady(ctx, spec.Ready.Path) })
+	}
+	if addr != "" && spec.Health != nil {
+		done.Go(func() { w.watchHealth(ctx, *spec.Health) })
+	}
+	return func() {
+		cancel()
+		done.Wait()
+	}
 }
 
 // probeReady probes the worker's health path every readyProbeInterval and

@@ -1,7 +1,6 @@
 package workers
 
 import (
-	"context"
 	"os"
 	"strconv"
 	"sync"
@@ -181,15 +180,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		uid = int(spec.Credential.Uid)
 	}
 	w.pz, w.notify = newPauser(pending), c.notify
-	w.health.addr = c.healthAddr
-	hctx, hcancel := context.WithCancel(context.Background())
-	var healthDone sync.WaitGroup
-	if c.healthAddr != "" && spec.Ready.Mode == ReadyHTTP && !w.isReady() {
-		healthDone.Go(func() { w.probeReady(hctx, spec.Ready.Path) })
-	}
-	if c.healthAddr != "" && spec.Health != nil {
-		healthDone.Go(func() { w.watchHealth(hctx, *spec.Health) })
-	}
+	stopHealth := w.checkHealth(spec, c.healthAddr)
 	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup
 	notifyDone.Add(1)
@@ -236,8 +227,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	}
 	go func() {
 		w.wait(&readers, pipes)
-		hcancel()
-		healthDone.Wait()
+		stopHealth()
 		c.notify.Close()
 		notifyDone.Wait()
 		w.finish()
