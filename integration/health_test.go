@@ -332,3 +332,31 @@ func TestAdoptedWorkersKeepTheirHealthChecks(t *testing.T) {
 	requireNoFailures(t, "keep-alive clients", ka)
 	requireNoFailures(t, "new-connection clients", nka)
 }
+
+// config check says which fd an app's health listener is, and warns for a
+// command that serves only fd 3 (exit 0: a warning changes nothing).
+func TestConfigCheckTellsAboutHealthListener(t *testing.T) {
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, healthApp(port, 2, "v1", "", "[apps.web.health]\nfailures = 2\n")+
+		fmt.Sprintf(`[apps.api]
+command = [%q, "-m", "uvicorn", "--fd", "3", "asgi:app"]
+listen = ["tcp://127.0.0.1:%d"]
+ready = "http:/healthz"
+`, debianPython, FreePort(t)))
+	r := a.CLI("config", "check", "-c", a.Config)
+	if r.Code != 0 {
+		t.Fatalf("config check: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	for _, want := range []string{
+		"health: GET /healthz every 5s, timeout 2s, replaced after 2 failures in a row",
+		`note: health checks go to each worker's own listener, fd 4 (after the listen socket), named "deployd-health"`,
+	} {
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("config check output lacks %q:\n%s", want, r.Stdout)
+		}
+	}
+	if !strings.Contains(r.Stderr, `warning: `) || !strings.Contains(r.Stderr, `apps.api.ready = "http:/healthz": uvicorn --fd N serves only that fd`) ||
+		strings.Contains(r.Stderr, "apps.web") {
+		t.Errorf("config check should warn about apps.api only:\n%s", r.Stderr)
+	}
+}
