@@ -234,6 +234,7 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		StopSignal:  app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
+		Health: healthPolicy(app.Health),
 	}
 	if spec.Node, err = a.nodeSpec(app, argv, ls); err != nil {
 		return nil, err

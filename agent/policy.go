@@ -19,8 +19,18 @@ func readyPolicy(r config.Ready) workers.ReadyPolicy {
 		config.ReadyNodeIPC: workers.ReadyNodeIPC,
 		config.ReadyLog:     workers.ReadyLog,
 		config.ReadyDelay:   workers.ReadyDelay,
+		config.ReadyHTTP:    workers.ReadyHTTP,
 	}[r.Mode]
-	return workers.ReadyPolicy{Mode: mode, Regex: r.Regex, Delay: r.Delay}
+	return workers.ReadyPolicy{Mode: mode, Regex: r.Regex, Delay: r.Delay, Path: r.Path}
+}
+
+// healthPolicy is the workers liveness check of an app's [health] table,
+// nil when it has none.
+func healthPolicy(h *config.Health) *workers.HealthPolicy {
+	if h == nil {
+		return nil
+	}
+	return &workers.HealthPolicy{Path: h.Path, Interval: h.Interval, Timeout: h.Timeout, Failures: h.Failures}
 }
 
 // restartPolicy is the workers crash-restart policy of an app's config.

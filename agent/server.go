@@ -175,6 +175,8 @@ func appStatus(rt *appRT) api.App {
 			Restarts: w.Restarts, UptimeSeconds: w.Uptime.Seconds(),
 			MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
 			CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
+			HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
+			HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError,
 		})
 	}
 	return app

@@ -90,7 +90,10 @@ func configCommand() *cli.Command {
 			Name:  "check",
 			Usage: "validate the config file and print what it resolves to",
 			Description: "Reports every problem with its file, line, key and a fix; exit 2 when\n" +
-				"there is one. Example: deployd config check -c /etc/deployd/deployd.toml",
+				"there is one. Warnings (exit 0) are settings that probably do not do what you\n" +
+				"mean; for an app with health checks it says which fd the health listener is\n" +
+				"and warns when the command looks like it serves only fd 3.\n" +
+				"Example: deployd config check -c /etc/deployd/deployd.toml",
 			Flags: []cli.Flag{configFlag},
 			Action: func(c *cli.Context) error {
 				path := config.Find(c.String("config"))
@@ -113,6 +116,13 @@ func configCommand() *cli.Command {
 					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
 						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw,
 						a.MinReady, a.TCPNoDelay, nodeMode(a))
+					if h := a.Health; h != nil {
+						fmt.Fprintf(w, "    health: GET %s every %s, timeout %s, replaced after %d failures in a row\n",
+							h.Path, h.Interval, h.Timeout, h.Failures)
+					}
+					if note := a.HealthNote(); note != "" {
+						fmt.Fprintf(w, "    note: %s\n", note)
+					}
 				}
 				for _, p := range cfg.Warnings {
 					fmt.Fprintf(c.App.ErrWriter, "deployd: warning: %s\n", p)

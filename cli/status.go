@@ -105,6 +105,7 @@ func printStatus(out io.Writer, st *api.Status) {
 			if w.Status != "" && w.State != "ready" {
 				fmt.Fprintf(out, "%s[%d] pid %d: %s\n", a.Name, w.Slot, w.PID, w.Status)
 			}
+			printHealth(out, a.Name, w)
 		}
 		switch {
 		case a.LastExit == "":
@@ -118,6 +119,21 @@ func printStatus(out io.Writer, st *api.Status) {
 		case crashing(a):
 			fmt.Fprintf(out, "\n%s: last exit: %s\n", a.Name, a.LastExit)
 		}
+	}
+}
+
+// printHealth says what the health check of w last failed on, and how
+// often a worker of its slot was replaced for failing it.
+func printHealth(out io.Writer, app string, w api.Worker) {
+	switch {
+	case w.HealthError != "" && w.State == "starting":
+		fmt.Fprintf(out, "%s[%d] pid %d: not ready yet, health check: %s\n", app, w.Slot, w.PID, w.HealthError)
+	case w.HealthError != "":
+		fmt.Fprintf(out, "%s[%d] pid %d: health check failing (%d in a row, %d in all): %s\n",
+			app, w.Slot, w.PID, w.HealthFailures, w.HealthFailuresTotal, w.HealthError)
+	}
+	if w.HealthReplacements > 0 {
+		fmt.Fprintf(out, "%s[%d]: replaced %d times for failing its health check\n", app, w.Slot, w.HealthReplacements)
 	}
 }
 

@@ -36,8 +36,11 @@ type Proc struct {
 	// Stdout and Stderr are the write ends of the worker's output pipes.
 	Stdout, Stderr *os.File
 	Listeners      []Bound // become fds 3, 4, ...
-	// Extra files follow the listeners (e.g. the node-ipc channel); their
-	// numbers are 3+len(Listeners)+i.
+	// Health, when set, is the worker's private health listener: the fd
+	// after the listeners, counted in LISTEN_FDS and named HealthFDName.
+	Health *os.File
+	// Extra files follow the listeners and Health (e.g. the node-ipc
+	// channel); their numbers are 3+len(Listeners)+i, plus 1 with Health.
 	Extra []*os.File
 	// Fixed files get exactly the fd number At (above the ones before:
 	// the node integration's channel and listener copies at fd 50+).
@@ -73,6 +76,16 @@ func Start(p Proc) (*os.Process, error) {
 		files = append(files, fd)
 		names = append(names, l.Name)
 	}
+	nfds := len(p.Listeners)
+	if p.Health != nil {
+		fd, err := rawFd(p.Health)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, fd)
+		names = append(names, HealthFDName)
+		nfds++
+	}
 	for _, f := range p.Extra {
 		fd, err := rawFd(f)
 		if err != nil {
@@ -84,7 +97,7 @@ func Start(p Proc) (*os.Process, error) {
 		return nil, err
 	}
 	env := append(without(p.Env, startVar),
-		EnvListenFDs+"="+strconv.Itoa(len(p.Listeners)),
+		EnvListenFDs+"="+strconv.Itoa(nfds),
 		EnvListenFDNames+"="+strings.Join(names, ":"))
 	argv := []string{p.Shim, ShimArg}
 	if p.Pin {
@@ -103,6 +116,7 @@ func Start(p Proc) (*os.Process, error) {
 	pid, err := syscall.ForkExec(p.Shim, argv, attr)
 	runtime.KeepAlive(p.Listeners)
 	runtime.KeepAlive(p.Extra)
+	runtime.KeepAlive(p.Health)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", p.Argv[0], err)
 	}

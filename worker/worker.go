@@ -13,6 +13,12 @@
 // "Connection: close" and closes an idle keep-alive connection only after it
 // stayed idle for IdleGrace, then returns. Listeners, Ready and NewServer
 // are its parts, for apps that need them apart.
+//
+// Health checks (ready = "http:PATH", [apps.NAME.health]) need nothing
+// more: deployd passes each worker a private health listener as the last
+// inherited fd (named "deployd-health" in LISTEN_FDNAMES), which Listeners
+// returns with the others, so ServeHTTP answers the agent's health checks
+// with srv's own handler. An app that serves only Listeners()[0] does not.
 package worker
 
 import (
@@ -36,8 +42,9 @@ var DrainTimeout = 25 * time.Second
 
 // Listeners returns the stream listeners deployd passed (fds 3.. as
 // LISTEN_FDS says, checked against LISTEN_PID), in the config's listen
-// order, and unsets LISTEN_* so children do not take them. None when the
-// process was not started by deployd or systemd.
+// order, then the health listener when the app has health checks, and
+// unsets LISTEN_* so children do not take them. Serve them all. None when
+// the process was not started by deployd or systemd.
 func Listeners() ([]net.Listener, error) {
 	inherited, err := activation.Listeners()
 	if err != nil {

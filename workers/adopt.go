@@ -174,6 +174,9 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 		return nil, err
 	}
 	c := &channels{notify: notify, outR: out, errR: errR}
+	if addr := handoff.HealthAddr(notify.Addr()); spec.wantsHealthSocket() && handoff.HealthPresent(addr) {
+		c.healthAddr = addr
+	}
 	if f := h.files["ipc"]; f != nil {
 		c.ipc = &handoff.IPCChannel{Parent: f}
 	}

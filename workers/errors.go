@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/deployd/deployd/handoff"
 )
 
 // ErrBusy matches (errors.Is) every *BusyError.
@@ -93,7 +95,11 @@ func (e *NotReadyError) Error() string {
 	if e.Exited {
 		return fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.Slot, w.PID, w.ExitDescription())
 	}
-	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s%s", w.Slot, w.PID, e.Timeout, readyHint(w.spec))
+	hint := readyHint(w.spec)
+	if last := w.healthError(); last != "" && w.spec != nil && w.spec.Ready.Mode == ReadyHTTP {
+		hint = "; last health check: " + last + hint
+	}
+	return fmt.Sprintf("worker %d (pid %d) was not ready within ready_timeout %s%s", w.Slot, w.PID, e.Timeout, hint)
 }
 
 // readyHint says what the app must do for its readiness mode.
@@ -108,6 +114,10 @@ func readyHint(spec *Spec) string {
 		return `; with ready = "notify" the app must send READY=1 to $NOTIFY_SOCKET (sd_notify) once it listens`
 	case ReadyLog:
 		return fmt.Sprintf(`; with ready = "log:..." a line of its output must match %s`, spec.Ready.Regex)
+	case ReadyHTTP:
+		return fmt.Sprintf(`; with ready = "http:%s" the app must answer GET %s with 2xx on the listener named %q `+
+			`in LISTEN_FDNAMES (the last inherited fd): serve every inherited socket, not only fd 3`,
+			spec.Ready.Path, spec.Ready.Path, handoff.HealthFDName)
 	}
 	return ""
 }

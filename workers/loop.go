@@ -60,7 +60,7 @@ type slot struct {
 	restarts int
 	crashes  []time.Time
 	// replacements by the monitor.
-	memoryReplacements, watchdogReplacements int
+	memoryReplacements, watchdogReplacements, healthReplacements int
 }
 
 // request is a message to the loop: fn runs in the loop; done, when not

@@ -20,8 +20,11 @@ func (s *Supervisor) tick(st *state) {
 	// The replacement is an operation like the others: a reload asked
 	// meanwhile is told what runs.
 	what := fmt.Sprintf("memory-limit replacement of worker %d", c.sl.index)
-	if c.why == "watchdog" {
+	switch c.why {
+	case "watchdog":
 		what = fmt.Sprintf("watchdog replacement of worker %d", c.sl.index)
+	case "health":
+		what = fmt.Sprintf("health-check replacement of worker %d", c.sl.index)
 	}
 	o := s.newOp(what, "the "+c.why+" monitor", nil)
 	st.op = o.info
@@ -37,11 +40,14 @@ func (s *Supervisor) tick(st *state) {
 type overLimit struct {
 	sl  *slot
 	w   *Worker
-	why string // "max_memory" or "watchdog"
+	why string // "max_memory", "watchdog" or "health"
+	// detail is the event's message: why, and for health the last failure.
+	detail string
 }
 
-// overLimit returns the first ready worker over max_memory or past its
-// watchdog. Run by the loop.
+// overLimit returns the first ready worker over max_memory, past its
+// watchdog, or with health.failures failed liveness checks in a row. Run
+// by the loop.
 func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 	now := time.Now()
 	for _, sl := range st.slots {
@@ -52,15 +58,21 @@ func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 		if rss := st.usage[w].RSSBytes; spec.MaxMemory > 0 && rss > spec.MaxMemory {
 			s.log.Warn("worker over max_memory; replacing it", "worker", sl.index, "pid", w.PID,
 				"rss", rss, "max_memory", spec.MaxMemory)
-			return overLimit{sl, w, "max_memory"}, true
+			return overLimit{sl, w, "max_memory", "max_memory"}, true
 		}
 		if spec.Watchdog > 0 {
 			last := w.lastWatchdog()
 			if now.Sub(last) > spec.Watchdog {
 				s.log.Warn("worker missed its watchdog; replacing it", "worker", sl.index, "pid", w.PID,
 					"silent_for", now.Sub(last).Round(time.Millisecond), "watchdog", spec.Watchdog)
-				return overLimit{sl, w, "watchdog"}, true
+				return overLimit{sl, w, "watchdog", "watchdog"}, true
 			}
+		}
+		if run, _ := w.healthFailures(); spec.Health != nil && run >= spec.Health.Failures {
+			last := w.healthError()
+			s.log.Warn("worker failed its health check; replacing it", "worker", sl.index, "pid", w.PID,
+				"failures", run, "path", spec.Health.Path, "last", last)
+			return overLimit{sl, w, "health", fmt.Sprintf("health: %d failed checks in a row, last: %s", run, last)}, true
 		}
 	}
 	return overLimit{}, false
@@ -73,13 +85,15 @@ func (o *op) replace(c overLimit, spec *Spec) {
 			"reason", c.why, "error", err)
 		return
 	}
-	o.publish(Event{Type: EventReplace, Slot: c.sl.index, PID: c.w.PID, Release: spec.Release, Message: c.why},
+	o.publish(Event{Type: EventReplace, Slot: c.sl.index, PID: c.w.PID, Release: spec.Release, Message: c.detail},
 		func(*state) {
 			switch c.why {
 			case "max_memory":
 				c.sl.memoryReplacements++
 			case "watchdog":
 				c.sl.watchdogReplacements++
+			case "health":
+				c.sl.healthReplacements++
 			}
 		})
 }

@@ -14,7 +14,8 @@ import (
 
 // nodeStart is what a node worker gets besides a plain one: the preload's
 // channel at fd nodejs.FirstFD and a second copy of every listener after it
-// (the copies reach node through npm and sh; fds 3.. stay as for any app).
+// (the copies reach node through npm and sh; fds 3.. stay as for any app),
+// then a copy of the health listener when the app has health checks.
 type nodeStart struct {
 	ch    *handoff.IPCChannel
 	fixed []handoff.FixedFile
@@ -23,7 +24,7 @@ type nodeStart struct {
 
 // prepareNode verifies the preload file (rewriting it if it was changed)
 // and builds the channel, fds and env for one start of a node worker.
-func prepareNode(spec *Spec, env []string) (*nodeStart, error) {
+func prepareNode(spec *Spec, env []string, health *os.File) (*nodeStart, error) {
 	if err := spec.Node.Preload.Repair(); err != nil {
 		return nil, err
 	}
@@ -40,6 +41,9 @@ func prepareNode(spec *Spec, env []string) (*nodeStart, error) {
 			return nil, err
 		}
 		n.fixed = append(n.fixed, handoff.FixedFile{At: nodejs.FirstFD + 1 + i, Fd: fd})
+	}
+	if health != nil { // the health listener's copy follows the listeners'
+		n.fixed = append(n.fixed, handoff.FixedFile{At: nodejs.FirstFD + 1 + len(spec.Listeners), Fd: health.Fd()})
 	}
 	n.env = spec.Node.Env(env, nodejs.FirstFD, nodejs.FirstFD+1)
 	return n, nil

@@ -29,6 +29,10 @@ type channels struct {
 	outR, outW, errR, errW *os.File
 	ipc                    *handoff.IPCChannel // node-ipc readiness only
 	node                   *nodeStart          // the Node.js preload's channel and fds
+	// health is the child's end of the worker's private health listener
+	// (nil without health checks); healthAddr the agent probes.
+	health     *os.File
+	healthAddr string
 }
 
 // openChannels opens the notify socket, the output pipes and, for
@@ -53,6 +57,10 @@ func openChannels(a spawnArgs, spec *Spec) (*channels, error) {
 	if err == nil && spec.Ready.Mode == ReadyNodeIPC {
 		c.ipc, err = handoff.NewIPCChannel()
 	}
+	if err == nil && spec.wantsHealthSocket() {
+		c.healthAddr = handoff.HealthAddr(c.notify.Addr())
+		c.health, err = handoff.ListenHealth(c.healthAddr, uid)
+	}
 	if err != nil {
 		c.closeChild()
 		c.closeParent()
@@ -63,7 +71,7 @@ func openChannels(a spawnArgs, spec *Spec) (*channels, error) {
 
 // closeChild closes the ends the worker got.
 func (c *channels) closeChild() {
-	for _, f := range []*os.File{c.outW, c.errW} {
+	for _, f := range []*os.File{c.outW, c.errW, c.health} {
 		if f != nil {
 			f.Close()
 		}
@@ -106,8 +114,12 @@ func workerEnv(a spawnArgs, spec *Spec, slot int, c *channels) []string {
 		env = append(env, "WATCHDOG_USEC="+strconv.FormatInt(spec.Watchdog.Microseconds(), 10))
 	}
 	if c.ipc != nil {
+		fd := 3 + len(spec.Listeners)
+		if c.health != nil {
+			fd++ // the health listener comes first
+		}
 		env = append(env,
-			handoff.EnvNodeChannelFD+"="+strconv.Itoa(3+len(spec.Listeners)),
+			handoff.EnvNodeChannelFD+"="+strconv.Itoa(fd),
 			"NODE_CHANNEL_SERIALIZATION_MODE=json")
 	}
 	return env
@@ -131,7 +143,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	env := workerEnv(a, spec, slot, c)
 	var fixed []handoff.FixedFile
 	if spec.Node != nil {
-		if c.node, err = prepareNode(spec, env); err != nil {
+		if c.node, err = prepareNode(spec, env, c.health); err != nil {
 			c.closeChild()
 			c.closeParent()
 			return nil, err
@@ -140,7 +152,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	}
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
-		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Extra: extra, Fixed: fixed,
+		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Health: c.health, Extra: extra, Fixed: fixed,
 		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
 	})
 	c.closeChild()
@@ -168,6 +180,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		uid = int(spec.Credential.Uid)
 	}
 	w.pz, w.notify = newPauser(pending), c.notify
+	stopHealth := w.checkHealth(spec, c.healthAddr)
 	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup
 	notifyDone.Add(1)
@@ -179,6 +192,9 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 				// Only the worker's user (or root) may speak for it: a
 				// fallback abstract socket's name is visible to every user.
 				if from == uid || from == 0 {
+					if spec.Ready.Mode == ReadyHTTP {
+						delete(msg, "READY") // only the health path says ready
+					}
 					w.onNotify(msg)
 				}
 			})
@@ -211,6 +227,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	}
 	go func() {
 		w.wait(&readers, pipes)
+		stopHealth()
 		c.notify.Close()
 		notifyDone.Wait()
 		w.finish()

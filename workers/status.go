@@ -14,10 +14,15 @@ type WorkerStatus struct {
 	Release    string
 	Generation int
 	Restarts   int
-	// Replacements by max_memory and the watchdog.
-	MemoryReplacements, WatchdogReplacements int
-	Uptime                                   time.Duration
-	ReadyAfter                               time.Duration
+	// Replacements by max_memory, the watchdog and the health check.
+	MemoryReplacements, WatchdogReplacements, HealthReplacements int
+	// HealthFailures is the current run of failed liveness checks,
+	// HealthFailuresTotal all of them, HealthError the last failure ("" when
+	// the last check passed).
+	HealthFailures, HealthFailuresTotal int
+	HealthError                         string
+	Uptime                              time.Duration
+	ReadyAfter                          time.Duration
 	// CPUPercent and RSSBytes are the last tick's sample (sampleInterval).
 	CPUPercent float64
 	RSSBytes   int64
@@ -69,8 +74,8 @@ func (in *state) status(app string) AppStatus {
 		st.Restarts += sl.restarts
 		if sl.cur != nil {
 			ws := in.workerStatus(sl.cur, now)
-			ws.Restarts, ws.MemoryReplacements, ws.WatchdogReplacements =
-				sl.restarts, sl.memoryReplacements, sl.watchdogReplacements
+			ws.Restarts, ws.MemoryReplacements, ws.WatchdogReplacements, ws.HealthReplacements =
+				sl.restarts, sl.memoryReplacements, sl.watchdogReplacements, sl.healthReplacements
 			st.Workers = append(st.Workers, ws)
 		}
 		for _, w := range sl.extra {
@@ -87,7 +92,8 @@ func (in *state) workerStatus(w *Worker, now time.Time) WorkerStatus {
 	defer w.mu.Unlock()
 	ws := WorkerStatus{Slot: w.Slot, PID: w.PID, State: w.state, Release: w.Release,
 		Generation: w.Generation, Uptime: now.Sub(w.Started),
-		CPUPercent: u.CPUPercent, RSSBytes: u.RSSBytes, Status: w.status}
+		CPUPercent: u.CPUPercent, RSSBytes: u.RSSBytes, Status: w.status,
+		HealthFailures: w.health.fails, HealthFailuresTotal: w.health.total, HealthError: w.health.last}
 	if !w.readyAt.IsZero() {
 		ws.ReadyAfter = w.readyAt.Sub(w.Started)
 	}

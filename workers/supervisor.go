@@ -48,6 +48,8 @@ type Spec struct {
 	// a worker over the limit or silent for longer, the graceful way.
 	MaxMemory int64
 	Watchdog  time.Duration
+	// Health, when set, is the liveness check (health.go).
+	Health *HealthPolicy
 	// CPUAffinity pins worker slot i to usable CPU i mod n.
 	CPUAffinity bool
 	// Node, when set, starts the workers with deployd's Node.js preload.

@@ -67,6 +67,7 @@ type Worker struct {
 	exitState *os.ProcessState
 	exitedAt  time.Time
 	readyOnce sync.Once
+	health    healthState
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker

@@ -62,14 +62,21 @@ type Worker struct {
 	Release    string `json:"release"`
 	Generation int    `json:"generation"`
 	Restarts   int    `json:"restarts"`
-	// Replacements by max_memory and the watchdog.
-	MemoryReplacements   int     `json:"memory_replacements,omitempty"`
-	WatchdogReplacements int     `json:"watchdog_replacements,omitempty"`
-	UptimeSeconds        float64 `json:"uptime_seconds"`
-	ReadyMillis          int64   `json:"ready_ms,omitempty"`
-	CPUPercent           float64 `json:"cpu_percent"`
-	RSSBytes             int64   `json:"rss_bytes"`
-	Status               string  `json:"status,omitempty"`
+	// Replacements by max_memory, the watchdog and the health check.
+	MemoryReplacements   int `json:"memory_replacements,omitempty"`
+	WatchdogReplacements int `json:"watchdog_replacements,omitempty"`
+	HealthReplacements   int `json:"health_replacements,omitempty"`
+	// HealthFailures is the current run of failed health checks,
+	// HealthFailuresTotal all of them; HealthError the last failure, empty
+	// once a check passed.
+	HealthFailures      int     `json:"health_failures,omitempty"`
+	HealthFailuresTotal int     `json:"health_failures_total,omitempty"`
+	HealthError         string  `json:"health_error,omitempty"`
+	UptimeSeconds       float64 `json:"uptime_seconds"`
+	ReadyMillis         int64   `json:"ready_ms,omitempty"`
+	CPUPercent          float64 `json:"cpu_percent"`
+	RSSBytes            int64   `json:"rss_bytes"`
+	Status              string  `json:"status,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.

@@ -39,6 +39,7 @@ type rawApp struct {
 	Watchdog     toml.Primitive `toml:"watchdog"`
 	Logs         toml.Primitive `toml:"logs"`
 	Node         toml.Primitive `toml:"node"`
+	Health       toml.Primitive `toml:"health"`
 }
 
 type rawRestart struct {
@@ -160,6 +161,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.duration(raw.Watchdog, k("watchdog"), &a.Watchdog, true)
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)
+	a.Health = d.health(raw.Health, k("health"), a.Ready)
 	if s, ok := get[string](d, raw.Node, k("node")); ok {
 		switch s {
 		case "auto", "on", "off":

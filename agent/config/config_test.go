@@ -119,7 +119,7 @@ func TestErrors(t *testing.T) {
 		{"instances huge", web + "instances = 5000", 3, "apps.web.instances", "at most 1024 workers"},
 		{"instances bad negative", web + `instances = "-x"`, 3, "apps.web.instances", "not a worker count"},
 		// ready
-		{"ready mode", web + `ready = "http"`, 3, `apps.web.ready = "http"`, `unknown ready mode; use "notify", "node-ipc", "log:REGEX" or "delay:DURATION"`},
+		{"ready mode", web + `ready = "tcp"`, 3, `apps.web.ready = "tcp"`, `unknown ready mode; use "notify", "node-ipc", "log:REGEX", "delay:DURATION" or "http:PATH"`},
 		{"ready regex", web + `ready = "log:([a"`, 3, "apps.web.ready", "bad regex"},
 		{"ready empty regex", web + `ready = "log:"`, 3, "apps.web.ready", "empty regex"},
 		{"ready delay", web + `ready = "delay:soon"`, 3, "apps.web.ready", `write e.g. "delay:2s"`},

@@ -55,6 +55,7 @@ const (
 	ReadyNodeIPC ReadyMode = "node-ipc" // process.send('ready') on NODE_CHANNEL_FD
 	ReadyLog     ReadyMode = "log"      // an output line matches Regex
 	ReadyDelay   ReadyMode = "delay"    // alive for Delay
+	ReadyHTTP    ReadyMode = "http"     // GET Path on the worker's health socket answers 2xx
 )
 
 // Ready is a parsed `ready = "..."` value.
@@ -62,6 +63,7 @@ type Ready struct {
 	Mode  ReadyMode
 	Regex *regexp.Regexp // ReadyLog
 	Delay time.Duration  // ReadyDelay
+	Path  string         // ReadyHTTP, e.g. "/healthz"
 	// Raw is the value as written in the file.
 	Raw string
 }
@@ -138,10 +140,23 @@ type App struct {
 	// Watchdog: a worker must send WATCHDOG=1 at least this often; 0 = off.
 	Watchdog time.Duration
 	Logs     Logs
+	// Health is the [apps.NAME.health] liveness check, nil when off.
+	Health *Health
 	// Node is the Node.js integration (a preload that maps listen(port),
 	// reports readiness and drains): "auto" (default: when the command runs
 	// node), "on" or "off".
 	Node string
+}
+
+// Health is the [apps.NAME.health] table: every Interval each ready worker
+// gets GET Path on its private health socket (the listener named
+// "deployd-health" in LISTEN_FDNAMES); no 2xx within Timeout is a failure,
+// and Failures in a row replace the worker, new one ready first.
+type Health struct {
+	Path     string        // default: the path of ready = "http:PATH"
+	Interval time.Duration // default 5s
+	Timeout  time.Duration // default 2s, at most Interval
+	Failures int           // default 3
 }
 
 // Logs is the [apps.NAME.logs] table.

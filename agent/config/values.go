@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -202,7 +203,27 @@ func (d *decoder) instances(p toml.Primitive, key []string, app *App) {
 	app.Instances, app.InstancesSpec = n, spec
 }
 
-// parseReady parses notify | node-ipc | log:REGEX | delay:DURATION.
+// parseHealthPath checks the path of ready = "http:PATH" or health.path:
+// an absolute request path (a query is fine), not a URL.
+func parseHealthPath(p string) (string, error) {
+	const eg = `e.g. "/healthz"`
+	switch {
+	case p == "":
+		return "", hint(nil, "empty health path; write the path the app answers health checks on, %s", eg)
+	case strings.Contains(p, "://"):
+		return "", hint(nil, "a path, not a URL: deployd sends the request to each worker's own health socket; write only the path, %s", eg)
+	case !strings.HasPrefix(p, "/"):
+		return "", hint(nil, `the health path must start with "/", %s`, eg)
+	case strings.ContainsAny(p, " \t\r\n"):
+		return "", hint(nil, "the health path must not contain spaces; escape them (%%20), %s", eg)
+	}
+	if _, err := url.ParseRequestURI(p); err != nil {
+		return "", hint(err, "not a valid request path: %v; write it like %s", err, eg)
+	}
+	return p, nil
+}
+
+// parseReady parses notify | node-ipc | log:REGEX | delay:DURATION | http:PATH.
 func parseReady(s string) (Ready, error) {
 	r := Ready{Raw: s}
 	mode, arg, hasArg := strings.Cut(s, ":")
@@ -228,8 +249,18 @@ func parseReady(s string) (Ready, error) {
 		}
 		r.Mode, r.Delay = ReadyDelay, dur
 		return r, nil
+	case ReadyHTTP:
+		if !hasArg {
+			return r, hint(nil, `write the health path after "http:", e.g. "http:/healthz"`)
+		}
+		p, err := parseHealthPath(strings.TrimSpace(arg))
+		if err != nil {
+			return r, err
+		}
+		r.Mode, r.Path = ReadyHTTP, p
+		return r, nil
 	default:
-		return r, hint(nil, `unknown ready mode; use "notify", "node-ipc", "log:REGEX" or "delay:DURATION"`)
+		return r, hint(nil, `unknown ready mode; use "notify", "node-ipc", "log:REGEX", "delay:DURATION" or "http:PATH"`)
 	}
 	if hasArg {
 		return r, hint(nil, "%q takes no argument; write %q", r.Mode, string(r.Mode))

@@ -146,7 +146,12 @@ func TestParseReady(t *testing.T) {
 		{"delay:0s", "", 0, "", "not a positive duration"},
 		{"delay:", "", 0, "", "not a positive duration"},
 		{"node-ipc:x", "", 0, "", "takes no argument"},
-		{"http", "", 0, "", "unknown ready mode"},
+		{"http", "", 0, "", `write the health path after "http:"`},
+		{"http:", "", 0, "", "empty health path"},
+		{"http:healthz", "", 0, "", `must start with "/"`},
+		{"http:http://127.0.0.1/healthz", "", 0, "", "a path, not a URL"},
+		{"http:/health z", "", 0, "", "must not contain spaces"},
+		{"tcp:8080", "", 0, "", "unknown ready mode"},
 		{"", "", 0, "", "unknown ready mode"},
 	}
 	for _, tt := range tests {

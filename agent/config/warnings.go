@@ -9,6 +9,9 @@ func warnings(c *Config, file string, kl keyLines) []Problem {
 	var out []Problem
 	for _, n := range c.AppNames {
 		a := c.Apps[n]
+		if p := healthWarning(a, file, kl); p != nil {
+			out = append(out, *p)
+		}
 		if len(a.Listen) == 0 && a.Ready.Mode == ReadyLog {
 			key := []string{"apps", n, "ready"}
 			out = append(out, Problem{File: file, Line: kl.find(key), Key: keyString(key), Value: strconv.Quote(a.Ready.Raw),

@@ -25,6 +25,7 @@ type config struct {
 	notifyFromChild bool
 	abruptSIGTERM   bool
 	tick            time.Duration
+	healthAfter     time.Duration
 }
 
 // envPrefix names the environment variables that set flags: TESTAPP_STARTUP_DELAY=2s is
@@ -49,6 +50,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.ready, "ready", "notify", "how to signal readiness: notify, node-ipc, log or delay")
 	fs.BoolVar(&c.abruptSIGTERM, "abrupt-sigterm", false, "on SIGTERM exit at once, cutting open connections (no drain)")
 	fs.DurationVar(&c.tick, "tick", 0, "after ready, write \"tick <slot> <pid> <n>\" (n = 1, 2, ...) to stdout this often")
+	fs.DurationVar(&c.healthAfter, "health-after", 0, "GET /healthz answers 503 until this long after the app serves (it serves / at once)")
 	fs.BoolVar(&c.notifyFromChild, "notify-from-child", false, "send READY=1 from a child process (-ready notify)")
 
 	fs.Usage = func() {

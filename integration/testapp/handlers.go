@@ -19,6 +19,10 @@ type app struct {
 
 	mu   sync.Mutex
 	kept [][]byte // owned by mu: memory held by /alloc for the life of the process
+	// serving is when the app began to serve (set before it does); sick,
+	// owned by mu, makes /healthz hang (GET /sick sets it).
+	serving time.Time
+	sick    bool
 
 	// nodeChannel is kept open and referenced: closing it (or letting the GC finalize it)
 	// would tell a Node-style parent that the worker disconnected.
@@ -40,9 +44,8 @@ func (a *app) routes() http.Handler {
 	mux.HandleFunc("GET /slow", a.handleSlow)
 	mux.HandleFunc("GET /alloc", a.handleAlloc)
 	mux.HandleFunc("GET /log", a.handleLog)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, "ok")
-	})
+	mux.HandleFunc("GET /healthz", a.handleHealth)
+	mux.HandleFunc("GET /sick", a.handleSick)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Version", a.cfg.version)
 		if !sleep(r, a.cfg.slow) {
@@ -50,6 +53,35 @@ func (a *app) routes() http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// handleHealth answers GET /healthz: 503 for -health-after after the app
+// began to serve, then "ok"; no answer at all (until the client gives up)
+// once GET /sick was served.
+func (a *app) handleHealth(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	sick := a.sick
+	a.mu.Unlock()
+	if sick {
+		<-r.Context().Done()
+		return
+	}
+	if left := a.cfg.healthAfter - time.Since(a.serving); left > 0 {
+		http.Error(w, fmt.Sprintf("not healthy yet: %s left (-health-after)", left.Round(time.Millisecond)), http.StatusServiceUnavailable)
+		return
+	}
+	io.WriteString(w, "ok")
+}
+
+// handleSick makes this process's /healthz hang from now on, as a worker
+// whose health check is stuck on a dead dependency; everything else still
+// serves. It answers like GET /, so the caller learns which worker it was.
+func (a *app) handleSick(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	a.sick = true
+	a.mu.Unlock()
+	warnf("GET /healthz hangs from now on (GET /sick)")
+	a.handleIdentity(w, r)
 }
 
 // handleIdentity answers GET / with the body the load generator checks.

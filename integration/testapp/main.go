@@ -81,6 +81,9 @@ func run(args []string) int {
 		return cfg.exitBeforeReady
 	}
 
+	// contract: every inherited listener is served, the health listener
+	// (LISTEN_FDNAMES "deployd-health") too.
+	a.serving = time.Now()
 	srv := worker.NewServer(&http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second})
 	srv.Serve(listeners)
 

@@ -123,6 +123,10 @@ type Spec struct {
 	StopSignal  string
 	StopTimeout time.Duration
 	Listeners   []Listener
+	// Health: the worker gets a health listener, whose copy follows the
+	// listeners' (fd first+len(Listeners)); the preload serves it with the
+	// app's first HTTP server.
+	Health bool
 	// Indirect: the command starts node underneath (npm start, sh -c ...),
 	// so the main process is not the app's node.
 	Indirect bool
@@ -154,10 +158,12 @@ type wireConfig struct {
 	StopSignal    string         `json:"stopSignal"`
 	StopTimeoutMs int64          `json:"stopTimeoutMs"`
 	Listeners     []wireListener `json:"listeners"`
+	HealthFD      int            `json:"healthFd,omitempty"`
 }
 
 // Env returns env extended for a node worker whose channel is fd ctl and
-// whose listener i is fd first+i: DEPLOYD_NODE, NODE_OPTIONS with the
+// whose listener i is fd first+i (and the health listener, with Health,
+// first+len(Listeners)): DEPLOYD_NODE, NODE_OPTIONS with the
 // preload first and the app's own options kept, PORT when there is one
 // TCP listener and env has no PORT, and NODE_APP_INSTANCE (PM2's variable)
 // = DEPLOYD_WORKER.
@@ -175,6 +181,9 @@ func (s *Spec) Env(env []string, ctl, first int) []string {
 			tcpPorts = append(tcpPorts, wl.Port)
 		}
 		wc.Listeners = append(wc.Listeners, wl)
+	}
+	if s.Health {
+		wc.HealthFD = first + len(s.Listeners)
 	}
 	b, _ := json.Marshal(wc) // plain types: cannot fail
 	out := make([]string, 0, len(env)+3)

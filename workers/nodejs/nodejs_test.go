@@ -71,6 +71,17 @@ func TestEnvKeepsTheAppsNodeOptions(t *testing.T) {
 		wc.Listeners[1].FD != 52 || wc.Listeners[1].Path != "/run/web.sock" || !wc.Ready || wc.StopTimeoutMs != 30000 {
 		t.Errorf("config %+v", wc)
 	}
+	if wc.HealthFD != 0 {
+		t.Errorf("healthFd %d without health checks, want none", wc.HealthFD)
+	}
+	s.Health = true
+	env = s.Env(nil, 50, 51)
+	raw, _ = get(EnvConfig)
+	s.Health = false
+	if err := json.Unmarshal([]byte(raw), &wc); err != nil || wc.HealthFD != 53 {
+		t.Errorf("with health checks: healthFd %d (%v), want 53, after the listeners' 51 and 52", wc.HealthFD, err)
+	}
+	env = s.Env([]string{"A=1"}, 50, 51)
 	if port, _ := get("PORT"); port != "3000" {
 		t.Errorf("PORT = %q, want the only TCP listener's 3000", port)
 	}

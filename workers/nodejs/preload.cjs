@@ -9,6 +9,10 @@
 //   the inherited socket of the configured listener with that port (unix
 //   sockets by path); a port the config does not list is a clear error and
 //   exit 1;
+// - serves deployd's private health listener (cfg.healthFd, with ready =
+//   "http:PATH" or a [health] table) with the request handler of the app's
+//   first plain HTTP server (not HTTPS: the agent probes in plain HTTP),
+//   once that server listens on a configured listener;
 // - reports on its control channel (sd_notify lines on a unix stream socket
 //   at a high fd, which reaches node through npm and sh): READY=1 once every
 //   configured listener is served (only with ready = "notify"), STATUS=...;
@@ -75,6 +79,8 @@ function run(cfg) {
   var appOwnsExit = false;
   var pendingExit = null;
   var mapped = []; // servers listening on a configured listener
+  var healthFd = typeof cfg.healthFd === 'number' && cfg.healthFd > 0 ? cfg.healthFd : -1;
+  var healthServer = null; // accepts on healthFd, hands each connection to the app's server
 
   function send(lines, cb) {
     if (typeof cfg.ctl !== 'number' || cfg.ctl < 0) {
@@ -234,6 +240,7 @@ function run(cfg) {
     server.once('listening', function () {
       served[i] = true;
       if (l.path) server._pipeName = l.path;
+      serveHealth(server);
       checkReady();
       // Closing the handle closed the inherited fd: this process cannot serve it again.
       server.once('close', function () { served[i] = 'closed'; });
@@ -246,6 +253,20 @@ function run(cfg) {
     if (typeof r.backlog === 'number') opts.backlog = r.backlog;
     return r.cb ? origListen.call(this, opts, r.cb) : origListen.call(this, opts);
   };
+
+  // serveHealth makes the health listener feed server (the app's first plain
+  // HTTP server to listen) with its connections, so the app's own handler
+  // answers the agent's health checks. The listener does not keep the
+  // process alive, and closes when the drain begins.
+  function serveHealth(server) {
+    if (healthFd < 0 || healthServer || !(server instanceof http.Server)) return;
+    healthServer = net.createServer(function (sock) { server.emit('connection', sock); });
+    healthServer.on('error', function (err) {
+      send(['STATUS=health listener (fd ' + healthFd + ') failed: ' + (err && err.message)]);
+    });
+    origListen.call(healthServer, { fd: healthFd });
+    healthServer.unref();
+  }
 
   // install sets up the stop path once this process serves a listener: a
   // process that never listens (npm's own node) keeps node's defaults.
@@ -361,6 +382,7 @@ function run(cfg) {
     mapped.forEach(function (s) { n += s[kState].conns.size; });
     process.stderr.write('deployd: ' + stopSignal + ': draining ' + n + ' connections (pid ' + process.pid + ')\n');
     send(['STOPPING=1', 'STATUS=draining']);
+    if (healthServer && healthServer.listening) origNetClose.call(healthServer);
     mapped.forEach(drainServer);
     var t = setTimeout(function () {
       var left = 0;
