@@ -27,10 +27,13 @@ func deployCommand() *cli.Command {
 			"digits of its sha256) and the app is rolled to it with a readiness-gated reload.\n" +
 			"The app needs `releases = true`; its workers run in the release folder, where a\n" +
 			"relative command (command = [\"./server\"]) resolves.\n\n" +
+			"The app's [apps.APP.hooks] run in the release folder: before (a failure refuses the\n" +
+			"deploy, nothing changed) ahead of any worker, after once the release serves (a\n" +
+			"failure is reported, not undone).\n\n" +
 			"Blocks until done. Exit codes: 0 deployed, 1 failed (the release is marked failed\n" +
-			"and the previous one keeps serving), 2 bad input (nothing changed), 3 agent\n" +
-			"unreachable. --json prints events, then {\"app\",\"version\",\"previous\",\"status\",\n" +
-			"\"duration_seconds\"}.\n\n" +
+			"and the previous one keeps serving) or refused by the before hook, 2 bad input\n" +
+			"(nothing changed), 3 agent unreachable. --json prints events, then {\"app\",\"version\",\n" +
+			"\"previous\",\"status\",\"duration_seconds\",\"hooks\"}.\n\n" +
 			"Example: deployd deploy web --artifact build/web.tar.gz --version 1.4.2 --json",
 		Flags: clientFlags(jsonFlag, strategyFlag,
 			&cli.StringFlag{Name: "artifact", Usage: "`PATH` of an executable, a folder or a .tar.gz (required)"},
@@ -113,6 +116,9 @@ func runDeploy(c *cli.Context, verb string, call deployCall) error {
 			if res.Previous != "" {
 				fmt.Fprintf(c.App.ErrWriter, "  %s keeps serving; the release is marked failed\n", res.Previous)
 			}
+		case api.DeployRefused:
+			fmt.Fprintf(c.App.ErrWriter, "%s: %s of %s REFUSED after %s: %s\n", res.App, verb, res.Version, d, res.Error)
+			printLines(c, res.LastLines)
 		case api.DeployUnchanged:
 			fmt.Fprintf(c.App.ErrWriter, "%s: %s is the current release already; nothing to do\n", res.App, res.Version)
 		default:
@@ -121,12 +127,25 @@ func runDeploy(c *cli.Context, verb string, call deployCall) error {
 				prev = "none"
 			}
 			fmt.Fprintf(c.App.ErrWriter, "%s: %s %s in %s (previous: %s)\n", res.App, res.Status, res.Version, d, prev)
+			for _, h := range res.Hooks {
+				if !h.OK {
+					fmt.Fprintf(c.App.ErrWriter, "%s: WARNING: %s; the release serves (a failed after hook is not undone)\n", res.App, h.Error)
+					printLines(c, h.LastLines)
+				}
+			}
 		}
 	}
-	if res.Status == api.DeployFailed {
+	if res.Status == api.DeployFailed || res.Status == api.DeployRefused {
 		return fail(ExitFailed, "")
 	}
 	return nil
+}
+
+// printLines prints a process's last lines of output, indented.
+func printLines(c *cli.Context, lines []string) {
+	for _, l := range lines {
+		fmt.Fprintf(c.App.ErrWriter, "  | %s\n", l)
+	}
 }
 
 func releasesCommand() *cli.Command {

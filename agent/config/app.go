@@ -37,6 +37,7 @@ type rawApp struct {
 	Watchdog     toml.Primitive `toml:"watchdog"`
 	Logs         toml.Primitive `toml:"logs"`
 	Node         toml.Primitive `toml:"node"`
+	Hooks        toml.Primitive `toml:"hooks"`
 }
 
 type rawRestart struct {
@@ -77,8 +78,9 @@ func defaultApp(name, dir string, cpus int) *App {
 			Window:      time.Minute,
 			StableAfter: time.Second,
 		},
-		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
-		Node: "auto",
+		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+		Node:  "auto",
+		Hooks: Hooks{BeforeTimeout: DefaultBeforeTimeout, AfterTimeout: DefaultAfterTimeout},
 	}
 }
 
@@ -147,6 +149,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.duration(raw.Watchdog, k("watchdog"), &a.Watchdog, true)
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)
+	d.hooks(raw.Hooks, k("hooks"), a)
 	if s, ok := get[string](d, raw.Node, k("node")); ok {
 		switch s {
 		case "auto", "on", "off":

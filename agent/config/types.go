@@ -137,6 +137,8 @@ type App struct {
 	// reports readiness and drains): "auto" (default: when the command runs
 	// node), "on" or "off".
 	Node string
+	// Hooks are run by deploy and rollback (hooks.go).
+	Hooks Hooks
 }
 
 // Logs is the [apps.NAME.logs] table.
