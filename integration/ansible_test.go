@@ -61,6 +61,9 @@ func newFleet(t *testing.T, n int) *fleet {
 		a := NewAgentDir(t, bins, "")
 		a.Binary = filepath.Join(a.Dir, "deployd") // installed by the role
 		h := &fleetHost{name: fmt.Sprintf("host%d", i), agent: a, port: FreePort(t)}
+		if err := os.Mkdir(filepath.Join(a.Dir, "units"), 0o755); err != nil { // /etc/systemd/system on a host
+			t.Fatal(err)
+		}
 		f.hosts = append(f.hosts, h)
 		hosts[h.name] = map[string]any{
 			"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
@@ -102,7 +105,11 @@ func (f *fleet) run(play string, vars ...string) (int, string, map[string]int) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t0 := time.Now()
 	err := cmd.Run()
-	f.t.Logf("ansible-playbook %s %v: %v in %s", play, vars, err, time.Since(t0).Round(time.Millisecond))
+	var cpu time.Duration
+	if cmd.ProcessState != nil {
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
+	f.t.Logf("ansible-playbook %s: %v in %s (cpu %s)", play, err, time.Since(t0).Round(time.Millisecond), cpu.Round(time.Millisecond))
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
@@ -203,6 +210,13 @@ func TestAnsibleFleet(t *testing.T) {
 		unit, err := os.ReadFile(filepath.Join(h.agent.Dir, "units", "deployd.service"))
 		if err != nil || !strings.Contains(string(unit), "ExecStart="+h.agent.Binary+" agent -c "+h.agent.Config) {
 			t.Errorf("%s: unit from `deployd startup systemd`: %v\n%s", h.name, err, unit)
+		}
+		ref := t.TempDir()
+		if out, err := exec.Command(h.agent.Binary, "startup", "systemd", "-c", h.agent.Config, "--unit-dir", ref).CombinedOutput(); err != nil {
+			t.Fatalf("deployd startup systemd: %v\n%s", err, out)
+		}
+		if want, _ := os.ReadFile(filepath.Join(ref, "deployd.service")); string(want) != string(unit) {
+			t.Errorf("%s: the role's unit differs from what `deployd startup systemd` writes:\n%s\nwant:\n%s", h.name, unit, want)
 		}
 		h.agent.Start()
 		if r := h.agent.CLI("deploy", "web", "--artifact", artifactDir(t, "1.0.0", false), "--version", "1.0.0"); r.Code != 0 {
