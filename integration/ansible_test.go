@@ -89,14 +89,19 @@ func newFleet(t *testing.T, n int) *fleet {
 	return f
 }
 
-// run runs one of deploy/ansible's playbooks with extra vars (k=v) and
-// returns its exit code, its output and the changed count of each host
-// in the recap (-1: not in the recap).
+// run runs one of deploy/ansible's playbooks with extra vars (k=v; an
+// argument starting with "-" is passed as is) and returns its exit code, its
+// output and the changed count of each host in the recap (-1: not in the
+// recap).
 func (f *fleet) run(play string, vars ...string) (int, string, map[string]int) {
 	f.t.Helper()
 	args := []string{"-i", f.inventory, play}
 	for _, v := range vars {
-		args = append(args, "-e", v)
+		if strings.HasPrefix(v, "-") {
+			args = append(args, v)
+		} else {
+			args = append(args, "-e", v)
+		}
 	}
 	cmd := exec.Command(f.playbook, args...)
 	cmd.Dir = filepath.Join(RepoRoot(), "deploy", "ansible")
@@ -277,14 +282,15 @@ func TestAnsibleFleet(t *testing.T) {
 	}
 	f.requireChanged("rollback again", changed, func(_ string, n int) bool { return n == 0 }, out)
 
-	// A new binary: each agent upgrades in place, its workers keep running.
+	// A new binary (the binary's tasks only): each agent upgrades in place,
+	// its workers keep running.
 	workers := map[string]map[int]int{}
 	agents := map[string]int{}
 	for _, h := range f.hosts {
 		workers[h.name], agents[h.name] = PIDs(h.agent.App("web")), h.agent.Status().Agent.PID
 	}
 	sum2bin := fileSHA256(t, bins.DeploydV2)
-	code, out, changed = f.run("install.yml", "deployd_binary_src="+bins.DeploydV2, "deployd_binary_sha256="+sum2bin, "deployd_serial=3")
+	code, out, changed = f.run("install.yml", "--tags=deployd_binary", "deployd_binary_src="+bins.DeploydV2, "deployd_binary_sha256="+sum2bin, "deployd_serial=3")
 	if code != 0 {
 		t.Fatalf("install a new binary: exit %d\n%s", code, out)
 	}
