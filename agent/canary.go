@@ -78,6 +78,11 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Str
 	c := canaryOf(rt.config(), n, func(e workers.CanaryEnd) {
 		if e.Outcome == workers.CanaryPromoted {
 			a.rollServing(rt, version, prev, &api.DeployResult{})
+			// The after hook runs once the release serves everywhere; its
+			// outcome goes to the agent's and the app's logs.
+			if h := a.hookFor(rt.config(), "after", "deploy", version, prev); h != nil {
+				go a.runHook(rt, rt.config(), h, nil)
+			}
 		} else {
 			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
 		}

@@ -95,7 +95,7 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 	}
 	a.log.Info("release installed", "app", req.App, "version", rel.Version, "sha256", rel.SHA256, "kind", rel.Kind)
 	st := newStream(w)
-	res := a.rollTo(rt, rel.Version, strategy, req.Canary, st.event, api.DeployDeployed)
+	res := a.rollWithHooks(rt, rel.Version, "deploy", rel.Created, strategy, req.Canary, st, api.DeployDeployed)
 	res.DurationSeconds = time.Since(t).Seconds()
 	st.send(api.StreamLine{Deploy: res})
 }
@@ -252,7 +252,7 @@ func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
 	}
 	t := time.Now()
 	st := newStream(w)
-	res := a.rollTo(rt, target, strategy, 0, st.event, api.DeployRolledBack)
+	res := a.rollWithHooks(rt, target, "rollback", false, strategy, 0, st, api.DeployRolledBack)
 	res.DurationSeconds = time.Since(t).Seconds()
 	st.send(api.StreamLine{Deploy: res})
 }

@@ -201,6 +201,9 @@ func newStream(w http.ResponseWriter) *stream {
 }
 
 func (s *stream) send(l api.StreamLine) {
+	if s == nil { // an operation nobody asked for over the socket (a canary's after hook)
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.op != nil {

@@ -29,11 +29,15 @@ func deployCommand() *cli.Command {
 			"relative command (command = [\"./server\"]) resolves.\n\n" +
 			canaryHelp + "The release becomes current (state.json, `releases`) only when promoted; an\n" +
 			"aborted canary marks it failed.\n\n" +
+			"The app's [apps.APP.hooks] run in the release folder: before (a failure refuses the\n" +
+			"deploy, nothing changed) ahead of any worker, after once the release serves (a\n" +
+			"failure is reported, not undone; with --canary, at promote).\n\n" +
 			"Blocks until done (with --canary: until the hold starts). Exit codes: 0 deployed or\n" +
 			"canary held, 1 failed (the release is marked failed and the previous one keeps serving)\n" +
-			"or refused (a held canary: promote or abort it), 2 bad input (nothing changed), 3 agent\n" +
-			"unreachable. --json prints events, then {\"app\",\"version\",\"previous\",\"status\",\n" +
-			"\"duration_seconds\"} (status \"deployed\", \"held\" with \"canary\":{...}, \"failed\").\n\n" +
+			"or refused (by the before hook, or a held canary: promote or abort it), 2 bad input\n" +
+			"(nothing changed), 3 agent unreachable. --json prints events, then {\"app\",\"version\",\n" +
+			"\"previous\",\"status\",\"duration_seconds\",\"hooks\"} (status \"deployed\", \"held\" with\n" +
+			"\"canary\":{...}, \"failed\", \"refused\").\n\n" +
 			"Examples: deployd deploy web --artifact build/web.tar.gz --version 1.4.2 --json\n" +
 			"          deployd deploy web --artifact build/web.tar.gz --canary 1 && ./check &&\n" +
 			"            deployd promote web || deployd abort web",
@@ -124,6 +128,9 @@ func runDeploy(c *cli.Context, verb string, call deployCall) error {
 			}
 		case api.DeployHeld:
 			printHeld(c.App.ErrWriter, res.App, res.Canary)
+		case api.DeployRefused:
+			fmt.Fprintf(c.App.ErrWriter, "%s: %s of %s REFUSED after %s: %s\n", res.App, verb, res.Version, d, res.Error)
+			printLines(c, res.LastLines)
 		case api.DeployUnchanged:
 			fmt.Fprintf(c.App.ErrWriter, "%s: %s is the current release already; nothing to do\n", res.App, res.Version)
 		default:
@@ -132,12 +139,25 @@ func runDeploy(c *cli.Context, verb string, call deployCall) error {
 				prev = "none"
 			}
 			fmt.Fprintf(c.App.ErrWriter, "%s: %s %s in %s (previous: %s)\n", res.App, res.Status, res.Version, d, prev)
+			for _, h := range res.Hooks {
+				if !h.OK {
+					fmt.Fprintf(c.App.ErrWriter, "%s: WARNING: %s; the release serves (a failed after hook is not undone)\n", res.App, h.Error)
+					printLines(c, h.LastLines)
+				}
+			}
 		}
 	}
-	if res.Status == api.DeployFailed {
+	if res.Status == api.DeployFailed || res.Status == api.DeployRefused {
 		return fail(ExitFailed, "")
 	}
 	return nil
+}
+
+// printLines prints a process's last lines of output, indented.
+func printLines(c *cli.Context, lines []string) {
+	for _, l := range lines {
+		fmt.Fprintf(c.App.ErrWriter, "  | %s\n", l)
+	}
 }
 
 func releasesCommand() *cli.Command {

@@ -112,6 +112,7 @@ const (
 	EventReplace  EventType = "replace"  // max_memory or watchdog replaced a worker
 	EventState    EventType = "state"    // the app's state changed (Message: the new state)
 	EventSlots    EventType = "slots"    // the number of slots changed
+	EventHook     EventType = "hook"     // a deploy hook started or ended (Message says how)
 )
 
 // Event is one progress step of an operation.
@@ -251,6 +252,7 @@ const (
 	DeployRolledBack = "rolled-back"
 	DeployUnchanged  = "unchanged" // the version was current already
 	DeployFailed     = "failed"
+	DeployRefused    = "refused" // the before hook failed: nothing changed
 )
 
 // DeployResult ends a deploy or rollback (the last line of --json).
@@ -265,6 +267,20 @@ type DeployResult struct {
 	LastLines       []string `json:"last_lines,omitempty"`
 	// Canary is the hold a deploy --canary started (status "held").
 	Canary *Canary `json:"canary,omitempty"`
+	// Hooks are the hooks that ran, in order (before, after).
+	Hooks []HookResult `json:"hooks,omitempty"`
+}
+
+// HookResult is how one deploy hook ended.
+type HookResult struct {
+	Hook            string   `json:"hook"` // "before" or "after"
+	Command         []string `json:"command"`
+	OK              bool     `json:"ok"`
+	ExitStatus      string   `json:"exit_status"` // "exit status 0", "exit status 3", "timed out after 5m0s"
+	DurationSeconds float64  `json:"duration_seconds"`
+	Error           string   `json:"error,omitempty"`
+	// LastLines are its last lines of output (stdout and stderr).
+	LastLines []string `json:"last_lines,omitempty"`
 }
 
 // ReleaseInfo is one release in GET /v1/releases.

@@ -40,6 +40,7 @@ type rawApp struct {
 	Logs         toml.Primitive `toml:"logs"`
 	Node         toml.Primitive `toml:"node"`
 	Health       toml.Primitive `toml:"health"`
+	Hooks        toml.Primitive `toml:"hooks"`
 }
 
 type rawRestart struct {
@@ -81,8 +82,9 @@ func defaultApp(name, dir string, cpus int) *App {
 			Window:      time.Minute,
 			StableAfter: time.Second,
 		},
-		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
-		Node: "auto",
+		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+		Node:  "auto",
+		Hooks: Hooks{BeforeTimeout: DefaultBeforeTimeout, AfterTimeout: DefaultAfterTimeout},
 	}
 }
 
@@ -162,6 +164,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)
 	a.Health = d.health(raw.Health, k("health"), a.Ready)
+	d.hooks(raw.Hooks, k("hooks"), a)
 	if s, ok := get[string](d, raw.Node, k("node")); ok {
 		switch s {
 		case "auto", "on", "off":

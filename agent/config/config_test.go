@@ -281,8 +281,9 @@ func TestDefaults(t *testing.T) {
 			Window:      time.Minute,
 			StableAfter: time.Second,
 		},
-		Logs: Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
-		Node: "auto",
+		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+		Node:  "auto",
+		Hooks: Hooks{BeforeTimeout: 5 * time.Minute, AfterTimeout: time.Minute},
 	}
 	got, ok := c.Apps["web"]
 	if !ok {

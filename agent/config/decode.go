@@ -155,7 +155,7 @@ func formatValue(v any) string {
 var (
 	topKeys     = []string{"agent", "apps"}
 	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key"}
-	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "watchdog", "logs", "node", "health"}
+	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "watchdog", "logs", "node", "health", "hooks"}
 	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
 	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress"}
 	healthKeys  = []string{"path", "interval", "timeout", "failures"}
@@ -178,6 +178,8 @@ var examples = map[string]string{
 	"format": `"text"`, "max_size": `"100MiB"`, "max_files": `10`, "max_age": `"168h"`,
 	"compress": `true`,
 	"path":     `"/healthz"`, "interval": `"5s"`, "timeout": `"2s"`, "failures": `3`,
+	"before": `"./bin/migrate" or ["./bin/migrate", "up"]`, "after": `"./bin/notify"`,
+	"before_timeout": `"5m"`, "after_timeout": `"1m"`,
 }
 
 // example returns a fix hint showing key written correctly, or "".
@@ -214,6 +216,8 @@ func knownKeys(table []string) ([]string, bool) {
 		return logsKeys, true
 	case len(table) == 3 && table[0] == "apps" && table[2] == "health":
 		return healthKeys, true
+	case len(table) == 3 && table[0] == "apps" && table[2] == "hooks":
+		return hooksKeys, true
 	}
 	return nil, false
 }

@@ -146,6 +146,8 @@ type App struct {
 	// reports readiness and drains): "auto" (default: when the command runs
 	// node), "on" or "off".
 	Node string
+	// Hooks are run by deploy and rollback (hooks.go).
+	Hooks Hooks
 }
 
 // Health is the [apps.NAME.health] table: every Interval each ready worker

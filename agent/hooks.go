@@ -1,0 +1,264 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers"
+	"github.com/deployd/deployd/workers/logs"
+)
+
+const (
+	// hookKillGrace is how long a hook that timed out has between SIGTERM
+	// and SIGKILL (to its whole process group).
+	hookKillGrace = 5 * time.Second
+	// hookTailLines is how many of a hook's last output lines the result keeps.
+	hookTailLines = 20
+	// hookSlot is the slot of a hook's lines in the app's log.
+	hookSlot = -1
+)
+
+// hookRun is one hook to run: which, where, for which operation.
+type hookRun struct {
+	name     string // "before" or "after"
+	argv     []string
+	timeout  time.Duration
+	dir      string // the release folder
+	op       string // "deploy" or "rollback"
+	version  string // the release the operation moves to
+	previous string // the release serving when it started
+}
+
+// hookFor returns the run of app's hook name, nil when it has none.
+func (a *Agent) hookFor(app *config.App, name, op, version, previous string) *hookRun {
+	h := &hookRun{name: name, op: op, version: version, previous: previous,
+		dir: a.releases.Path(app.Name, version)}
+	switch name {
+	case "before":
+		h.argv, h.timeout = app.Hooks.Before, app.Hooks.BeforeTimeout
+	case "after":
+		h.argv, h.timeout = app.Hooks.After, app.Hooks.AfterTimeout
+	}
+	if h.argv == nil {
+		return nil
+	}
+	h.argv = releaseArgv(h.argv, h.dir)
+	return h
+}
+
+// runHook runs h as rt's app user in the release folder, its output
+// going to the app's log (slot -1, each line prefixed "hook NAME: ") and
+// its last lines to the result. It announces its start and end on st.
+func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, st *stream) api.HookResult {
+	res := api.HookResult{Hook: h.name, Command: h.argv}
+	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
+		Release: h.version, Message: h.name + " hook started: " + strings.Join(h.argv, " ")}})
+	t := time.Now()
+	err := a.execHook(rt, app, h, &res)
+	res.DurationSeconds = time.Since(t).Seconds()
+	res.OK = err == nil
+	if err != nil {
+		res.Error = fmt.Sprintf("%s hook %s", h.name, err)
+		a.log.Error("hook failed", "app", rt.name, "hook", h.name, "version", h.version, "error", err)
+	} else {
+		a.log.Info("hook done", "app", rt.name, "hook", h.name, "version", h.version, "seconds", res.DurationSeconds)
+	}
+	msg := fmt.Sprintf("%s hook %s after %s", h.name, res.ExitStatus, time.Since(t).Round(time.Millisecond))
+	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
+		Release: h.version, Millis: time.Since(t).Milliseconds(), Message: msg}})
+	return res
+}
+
+// execHook runs h and waits for it, at most its timeout (then SIGTERM, and
+// SIGKILL after hookKillGrace, to its process group). It fills res's exit
+// status and last lines; the error says why it failed.
+func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookResult) error {
+	cred, err := credential(app)
+	if err != nil {
+		res.ExitStatus = "not started"
+		return fmt.Errorf("could not start: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, h.argv[0], h.argv[1:]...)
+	cmd.Dir = h.dir
+	cmd.Env = append(append(handoff.WorkerEnv(os.Environ()), app.Env...),
+		"DEPLOYD_APP="+app.Name, "DEPLOYD_RELEASE="+h.version, "DEPLOYD_PREVIOUS_RELEASE="+h.previous,
+		"DEPLOYD_RELEASE_DIR="+h.dir, "DEPLOYD_HOOK="+h.name, "DEPLOYD_OPERATION="+h.op)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
+	killer := time.AfterFunc(time.Hour, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	killer.Stop()
+	defer killer.Stop()
+	cmd.Cancel = func() error {
+		killer.Reset(hookKillGrace)
+		return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	}
+	// Output pipes close at the latest this long after the hook exits (a
+	// child it left running may hold them) or its time is up.
+	cmd.WaitDelay = hookKillGrace + time.Second
+	tail, pid := logs.NewTail(hookTailLines), &hookPID{}
+	out := &hookLines{sink: rt.out, app: app.Name, stream: "out", prefix: "hook " + h.name + ": ", tail: tail, pid: pid}
+	errw := &hookLines{sink: rt.err, app: app.Name, stream: "err", prefix: out.prefix, tail: tail, pid: pid}
+	cmd.Stdout, cmd.Stderr = out, errw
+	pid.mu.Lock() // lines wait for the pid
+	err = cmd.Start()
+	if err == nil {
+		pid.pid = cmd.Process.Pid
+	}
+	pid.mu.Unlock()
+	if err != nil {
+		res.ExitStatus = "not started"
+		return fmt.Errorf("could not start: %w", err)
+	}
+	err = cmd.Wait()
+	killer.Stop()
+	out.flush()
+	errw.flush()
+	res.LastLines = tail.Lines()
+	var ee *exec.ExitError
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		res.ExitStatus = fmt.Sprintf("timed out after %s", h.timeout)
+		return fmt.Errorf("timed out after %s (%s_timeout) and was stopped", h.timeout, h.name)
+	case errors.As(err, &ee):
+		res.ExitStatus = ee.ProcessState.String()
+		return fmt.Errorf("failed: %s", res.ExitStatus)
+	case err != nil: // exec.ErrWaitDelay: it exited 0, but a child held its output open
+		res.ExitStatus = "exit status 0"
+		return fmt.Errorf("left a process holding its output open: %w", err)
+	}
+	res.ExitStatus = "exit status 0"
+	return nil
+}
+
+// hookPID is a hook's pid, set (under mu) once it started.
+type hookPID struct {
+	mu  sync.Mutex
+	pid int
+}
+
+func (p *hookPID) get() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid
+}
+
+// hookLines writes a hook's output, line by line, to an app log sink and a
+// tail. exec.Cmd writes each stream from one goroutine (the tail and the
+// sink are safe for concurrent use).
+type hookLines struct {
+	sink        *logs.Sink
+	app, stream string
+	prefix      string
+	tail        *logs.Tail
+	pid         *hookPID
+	buf         []byte
+}
+
+func (w *hookLines) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 && len(w.buf) < logs.DefaultMaxLine {
+			break
+		}
+		if i < 0 {
+			i = logs.DefaultMaxLine
+			w.line(w.buf[:i])
+			w.buf = w.buf[i:]
+			continue
+		}
+		w.line(bytes.TrimSuffix(w.buf[:i], []byte("\r")))
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) == 0 {
+		w.buf = nil
+	}
+	return len(p), nil
+}
+
+// flush writes a last line that had no newline. Called after Wait.
+func (w *hookLines) flush() {
+	if len(w.buf) > 0 {
+		w.line(w.buf)
+		w.buf = nil
+	}
+}
+
+func (w *hookLines) line(b []byte) {
+	text := w.prefix + string(b)
+	w.tail.Add(text)
+	if w.sink == nil {
+		return
+	}
+	w.sink.Write(logs.Line{App: w.app, Slot: hookSlot, PID: w.pid.get(), Stream: w.stream, Text: text})
+}
+
+// chownRelease gives a new release folder to the app's user, so that its
+// before hook (run as that user) can write there. Only root can, and only
+// an app with a user or group needs it.
+func chownRelease(dir string, app *config.App) error {
+	cred, err := credential(app)
+	if err != nil || cred == nil || os.Getuid() != 0 {
+		return err
+	}
+	return filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(cred.Uid), int(cred.Gid))
+	})
+}
+
+// rollWithHooks runs rt's before hook in the folder of release version,
+// rolls rt to it (rollTo), then runs the after hook once it serves (for a
+// canary: when it is promoted, deployCanary). A
+// before hook that fails refuses the operation: no worker changed, and a
+// release folder this deploy created (created) is removed again.
+func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strategy workers.Strategy, canary int,
+	st *stream, okStatus string) *api.DeployResult {
+	app := rt.config()
+	prev := a.state.get(rt.name).Current
+	current := version == prev && len(rt.sup.Status().Workers) > 0
+	var hooks []api.HookResult
+	if h := a.hookFor(app, "before", op, version, prev); h != nil && !current {
+		if created {
+			if err := chownRelease(h.dir, app); err != nil {
+				a.log.Warn("give the release folder to the app's user", "app", rt.name, "error", err)
+			}
+		}
+		hr := a.runHook(rt, app, h, st)
+		hooks = append(hooks, hr)
+		if !hr.OK {
+			if created {
+				os.RemoveAll(h.dir)
+			}
+			serving := "nothing was serving"
+			if prev != "" {
+				serving = prev + " keeps serving"
+			}
+			return &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: api.DeployRefused,
+				Error:      fmt.Sprintf("%s refused, nothing changed: %s; %s", op, hr.Error, serving),
+				ExitStatus: hr.ExitStatus, LastLines: hr.LastLines, Hooks: hooks}
+		}
+	}
+	res := a.rollTo(rt, version, strategy, canary, st.event, okStatus)
+	if h := a.hookFor(app, "after", op, version, prev); h != nil && res.Status == okStatus {
+		hooks = append(hooks, a.runHook(rt, app, h, st))
+	}
+	res.Hooks = hooks
+	return res
+}

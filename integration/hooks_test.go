@@ -1,0 +1,213 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/integration/loadgen"
+)
+
+// hooksApp is releasesApp with hooks: ./before (a shell string) and
+// ./after (an argv), each in the release.
+func hooksApp(port, instances int, extra string) string {
+	return releasesApp(port, instances) + `# user
+[apps.web.hooks]
+before = "./before"
+after = ["./after"]
+before_timeout = "3s"
+after_timeout = "5s"
+` + extra
+}
+
+// hookRelease makes a release folder whose ./run serves the version its
+// before hook wrote into ./built (so a worker shows it saw the hook's file),
+// with the given before and after scripts (shell bodies).
+func hookRelease(t *testing.T, version, before, after string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "release-"+version)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	CopyFile(t, bins.TestApp, filepath.Join(dir, "server"))
+	for name, body := range map[string]string{
+		"run":    "exec ./server -version \"$(cat built)\"",
+		"before": before,
+		"after":  after,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// goodBefore writes ./built and says where it ran and for what.
+const goodBefore = `echo "migrating $DEPLOYD_RELEASE from ${DEPLOYD_PREVIOUS_RELEASE:-none} ($DEPLOYD_OPERATION) in $(pwd) as uid $(id -u)"
+echo "$DEPLOYD_RELEASE-built-$(id -u)" > built`
+
+// lastResult decodes the last line of a --json deploy or rollback.
+func lastResult(t *testing.T, r Result) api.DeployResult {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	var res api.DeployResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last --json line: %v\n%s", err, r.Stdout)
+	}
+	return res
+}
+
+// requireServing checks that web runs release rel and every worker answers
+// with version served.
+func requireServing(t *testing.T, a *Agent, port int, rel, served string) {
+	t.Helper()
+	app := a.App("web")
+	if app.Release != rel {
+		t.Errorf("app release %q, want %q", app.Release, rel)
+	}
+	for pid, v := range identities(t, port, PIDs(app)) {
+		if v != served {
+			t.Errorf("worker %d serves %s, want %s", pid, v, served)
+		}
+	}
+}
+
+func TestDeployHooks(t *testing.T) {
+	port := FreePort(t)
+	a := StartAgent(t, bins, hooksApp(port, 2, ""))
+	uid := strconv.Itoa(os.Getuid())
+	built := func(v string) string { return v + "-built-" + uid }
+
+	// A good release: before runs in the new release's folder, the workers
+	// serve what it wrote there, after runs once it serves.
+	r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, `echo "after $DEPLOYD_RELEASE"`), "--version", "1.0.0", "--json")
+	if r.Code != 0 {
+		t.Fatalf("deploy 1.0.0: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	res := lastResult(t, r)
+	if res.Status != api.DeployDeployed || len(res.Hooks) != 2 || !res.Hooks[0].OK || !res.Hooks[1].OK ||
+		res.Hooks[0].Hook != "before" || res.Hooks[1].Hook != "after" {
+		t.Errorf("deploy 1.0.0 result: %+v", res)
+	}
+	relDir := filepath.Join(a.Dir, "state", "releases", "web", "1.0.0")
+	if want := "in " + relDir + " "; !slices.ContainsFunc(res.Hooks[0].LastLines, func(l string) bool { return strings.Contains(l, want) }) {
+		t.Errorf("before hook did not run in the release folder %s: %q", relDir, res.Hooks[0].LastLines)
+	}
+	requireServing(t, a, port, "1.0.0", built("1.0.0"))
+	before := PIDs(a.App("web"))
+
+	// A failing before hook under both loads: exit 1, its output shown,
+	// no worker touched, the release not installed, every request answered
+	// by the previous release.
+	stop := startLoad(t, port, 20, time.Minute)
+	bad := hookRelease(t, "2.0.0", `echo "migration 7 of $DEPLOYD_RELEASE"; echo "migration 7 failed: column exists" >&2; exit 4`, "echo never")
+	r = a.CLI("deploy", "web", "--artifact", bad, "--version", "2.0.0")
+	rj := a.CLI("deploy", "web", "--artifact", bad, "--version", "2.0.0", "--json")
+	// A before hook past before_timeout is stopped, with the processes it started.
+	pidFile := filepath.Join(t.TempDir(), "sleeper.pid")
+	slow := hookRelease(t, "2.1.0", fmt.Sprintf("sleep 60 & echo $! > %s; wait", pidFile), "echo never")
+	t0 := time.Now()
+	rs := a.CLI("deploy", "web", "--artifact", slow, "--version", "2.1.0")
+	ka, nka := stop()
+	if rs.Code != 1 || !strings.Contains(rs.Stderr, "before hook timed out after 3s (before_timeout)") {
+		t.Errorf("slow before hook: exit %d after %s\n%s", rs.Code, time.Since(t0), rs.Stderr)
+	}
+	if b, err := os.ReadFile(pidFile); err != nil {
+		t.Errorf("the slow hook's child pid: %v", err)
+	} else if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid == 0 || Alive(pid) {
+		t.Errorf("the slow hook's child %q is still running", b)
+	}
+	if r.Code != 1 || rj.Code != 1 {
+		t.Fatalf("deploy with a failing before hook: exit %d and %d (--json), want 1\n%s\n%s", r.Code, rj.Code, r.Stderr, rj.Stdout)
+	}
+	for _, want := range []string{"REFUSED", "before hook failed: exit status 4", "nothing changed", "1.0.0 keeps serving",
+		"| hook before: migration 7 of 2.0.0", "| hook before: migration 7 failed: column exists"} {
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("refused deploy output lacks %q:\n%s", want, r.Stderr)
+		}
+	}
+	res = lastResult(t, rj)
+	if res.Status != api.DeployRefused || res.ExitStatus != "exit status 4" || len(res.Hooks) != 1 || res.Hooks[0].OK ||
+		!slices.Contains(res.LastLines, "hook before: migration 7 failed: column exists") {
+		t.Errorf("refused deploy --json result: %+v", res)
+	}
+	if strings.Contains(rj.Stdout, `"type":"started"`) {
+		t.Errorf("a refused deploy started a worker:\n%s", rj.Stdout)
+	}
+	requireNoFailures(t, "keep-alive during the refused deploy", ka)
+	requireNoFailures(t, "new-connection during the refused deploy", nka)
+	for _, l := range []loadgen.Result{ka, nka} {
+		if len(l.Versions) != 1 || l.Versions[built("1.0.0")] == 0 {
+			t.Errorf("during the refused deploy the load saw versions %v, want only %s", l.Versions, built("1.0.0"))
+		}
+	}
+	if after := PIDs(a.App("web")); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("a refused deploy changed the workers: %v -> %v", before, after)
+	}
+	if st := releaseStatus(t, a); len(st) != 1 || st["1.0.0"] != "current" {
+		t.Errorf("after the refused deploy, releases %v, want only 1.0.0 current", st)
+	}
+
+	// A failing after hook is reported; the release serves.
+	r = a.CLI("deploy", "web", "--artifact", hookRelease(t, "3.0.0", goodBefore, `echo "cache purge failed" >&2; exit 2`), "--version", "3.0.0", "--json")
+	res = lastResult(t, r)
+	if r.Code != 0 || res.Status != api.DeployDeployed || len(res.Hooks) != 2 || res.Hooks[1].OK ||
+		res.Hooks[1].ExitStatus != "exit status 2" || !slices.Contains(res.Hooks[1].LastLines, "hook after: cache purge failed") {
+		t.Errorf("deploy with a failing after hook: exit %d, result %+v", r.Code, res)
+	}
+	requireServing(t, a, port, "3.0.0", built("3.0.0"))
+	r = a.CLI("deploy", "web", "--artifact", hookRelease(t, "3.1.0", goodBefore, `echo "cache purge failed" >&2; exit 2`), "--version", "3.1.0")
+	if r.Code != 0 || !strings.Contains(r.Stderr, "WARNING: after hook failed: exit status 2") || !strings.Contains(r.Stderr, "| hook after: cache purge failed") {
+		t.Errorf("failing after hook, text output: exit %d\n%s", r.Code, r.Stderr)
+	}
+
+	// Rollback runs the hooks of the release it goes to.
+	r = a.CLI("rollback", "web", "--json")
+	res = lastResult(t, r)
+	if r.Code != 0 || res.Status != api.DeployRolledBack || len(res.Hooks) != 2 ||
+		!slices.ContainsFunc(res.Hooks[0].LastLines, func(l string) bool { return strings.Contains(l, "migrating 3.0.0 from 3.1.0 (rollback)") }) {
+		t.Errorf("rollback: exit %d, result %+v", r.Code, res)
+	}
+	requireServing(t, a, port, "3.0.0", built("3.0.0"))
+
+	// Every hook's output is in the app's log, stdout and stderr apart.
+	if r := a.CLI("logs", "web", "--lines", "1000"); r.Code != 0 {
+		t.Fatalf("logs: exit %d: %s", r.Code, r.Stderr)
+	}
+	out, _ := os.ReadFile(filepath.Join(a.Dir, "logs", "web.out.log"))
+	errs, _ := os.ReadFile(filepath.Join(a.Dir, "logs", "web.err.log"))
+	for _, want := range []string{"hook before: migrating 1.0.0 from none (deploy)", "hook after: after 1.0.0",
+		"hook before: migration 7 of 2.0.0", "hook before: migrating 3.0.0 from 3.1.0 (rollback)"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("web.out.log lacks %q:\n%s", want, out)
+		}
+	}
+	for _, want := range []string{"[web -1 ", "hook before: migration 7 failed: column exists", "hook after: cache purge failed"} {
+		if !strings.Contains(string(errs), want) {
+			t.Errorf("web.err.log lacks %q:\n%s", want, errs)
+		}
+	}
+}
+
+// Hooks run as the app's user, who can write in the new release folder.
+func TestDeployHooksRunAsAppUser(t *testing.T) {
+	m := newMember(t)
+	port := FreePort(t)
+	a := StartAgent(t, bins, strings.Replace(hooksApp(port, 1, ""), "# user", fmt.Sprintf("user = %q", m.Name), 1))
+	r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, `echo "after as $(id -u)"`), "--version", "1.0.0", "--json")
+	if r.Code != 0 {
+		t.Fatalf("deploy: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	requireServing(t, a, port, "1.0.0", fmt.Sprintf("1.0.0-built-%d", m.UID))
+	res := lastResult(t, r)
+	if len(res.Hooks) != 2 || !slices.Contains(res.Hooks[1].LastLines, fmt.Sprintf("hook after: after as %d", m.UID)) {
+		t.Errorf("after hook's user: %+v", res.Hooks)
+	}
+}
