@@ -211,3 +211,34 @@ func TestDeployHooksRunAsAppUser(t *testing.T) {
 		t.Errorf("after hook's user: %+v", res.Hooks)
 	}
 }
+
+// deploy --canary runs the before hook ahead of the canaries and the after
+// hook only once the canary is promoted (the release then serves on every
+// worker), not at the hold.
+func TestCanaryDeployRunsAfterHookAtPromote(t *testing.T) {
+	port := FreePort(t)
+	a := StartAgent(t, bins, hooksApp(port, 2, ""))
+	if r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, "true"), "--version", "1.0.0"); r.Code != 0 {
+		t.Fatalf("deploy 1.0.0: exit %d\n%s", r.Code, r.Stderr)
+	}
+	marker := filepath.Join(t.TempDir(), "after-ran")
+	after := fmt.Sprintf(`echo "$DEPLOYD_RELEASE after $DEPLOYD_PREVIOUS_RELEASE" > %s`, marker)
+	r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "2.0.0", goodBefore, after), "--version", "2.0.0", "--canary", "1", "--json")
+	if res := lastResult(t, r); r.Code != 0 || res.Status != api.DeployHeld || len(res.Hooks) != 1 || res.Hooks[0].Hook != "before" {
+		t.Fatalf("deploy --canary 1: exit %d, result %+v, want held after the before hook alone\n%s", r.Code, res, r.Stderr)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the after hook ran at the hold, before the promote")
+	}
+	if r := a.CLI("promote", "web"); r.Code != 0 {
+		t.Fatalf("promote: exit %d\n%s", r.Code, r.Stderr)
+	}
+	// The after hook runs in the background of the promote; the agent log
+	// says when it has ended.
+	a.WaitFor("the after hook's end in the agent log", 10*time.Second, func(*api.Status) bool {
+		return strings.Contains(a.Log(), "hook done") && strings.Contains(a.Log(), "hook=after version=2.0.0")
+	})
+	if b, err := os.ReadFile(marker); err != nil || strings.TrimSpace(string(b)) != "2.0.0 after 1.0.0" {
+		t.Errorf("after hook at promote wrote %q (%v), want \"2.0.0 after 1.0.0\"", b, err)
+	}
+}
