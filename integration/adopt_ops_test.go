@@ -1,6 +1,9 @@
 package integration
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,6 +27,22 @@ func waitExited(t *testing.T, pid int, bound time.Duration) {
 	if n, err := unix.Poll(fds, int(bound.Milliseconds())); err != nil || n == 0 {
 		t.Fatalf("process %d still running after %v", pid, bound)
 	}
+}
+
+// fdsOf lists what each fd of pid points to.
+func fdsOf(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range ents {
+		l, _ := os.Readlink(filepath.Join(dir, e.Name()))
+		out[e.Name()] = l
+	}
+	return out
 }
 
 // slotPIDs maps each slot of app to its current pid.
@@ -137,15 +156,29 @@ func TestFailedUpgradeKeepsWorkersAndTheirLogs(t *testing.T) {
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
 	before := allWorkerPIDs(st)
 	pid0, _ := agentPID(t, a)
+	fds0 := len(fdsOf(t, pid0))
 	// The new agent's config changes the app (not adoptable) and its new
-	// workers never get ready: the new agent gives up.
+	// workers never get ready: the new agent gives up, three times.
 	a.WriteConfig(appConfig("web", port, 2, `ready_timeout = "1s"
 env = { TESTAPP_ABRUPT_SIGTERM = "1", TESTAPP_TICK = "20ms", TESTAPP_NEVER_READY = "true" }`))
-	if r := a.CLI("upgrade"); r.Code != 1 {
-		t.Fatalf("upgrade with never-ready workers: exit %d, want 1\n%s", r.Code, r.Stderr)
+	for i := 0; i < 3; i++ {
+		if r := a.CLI("upgrade"); r.Code != 1 {
+			t.Fatalf("upgrade %d with never-ready workers: exit %d, want 1\n%s", i+1, r.Code, r.Stderr)
+		}
 	}
 	if pid, _ := agentPID(t, a); pid != pid0 {
 		t.Fatalf("agent %d serves, want the old %d", pid, pid0)
+	}
+	// No fd per failed upgrade: one more than before at most (tableflip
+	// keeps the last attempt's handover channel in its table until the
+	// next upgrade replaces it). A control connection may be closing.
+	fds := fdsOf(t, pid0)
+	for deadline := time.Now().Add(5 * time.Second); len(fds) > fds0+1 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		fds = fdsOf(t, pid0)
+	}
+	if len(fds) > fds0+1 {
+		t.Errorf("agent holds %d fds after 3 failed upgrades, %d before (at most 1 more expected): %v", len(fds), fds0, fds)
 	}
 	if got := allWorkerPIDs(a.Status()); !samePIDs(got, before) {
 		t.Fatalf("workers %v after the failed upgrade, want %v", keys(got), keys(before))
