@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -24,8 +25,20 @@ func waitExited(t *testing.T, pid int, bound time.Duration) {
 	}
 	defer unix.Close(fd)
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	if n, err := unix.Poll(fds, int(bound.Milliseconds())); err != nil || n == 0 {
-		t.Fatalf("process %d still running after %v", pid, bound)
+	deadline := time.Now().Add(bound)
+	for {
+		// EINTR is common: the Go runtime preempts with signals.
+		n, err := unix.Poll(fds, int(max(time.Until(deadline).Milliseconds(), 0)))
+		switch {
+		case n > 0:
+			return
+		case errors.Is(err, unix.EINTR) && time.Now().Before(deadline):
+			continue
+		case err != nil:
+			t.Fatalf("poll the pidfd of %d: %v", pid, err)
+		default:
+			t.Fatalf("process %d still running after %v", pid, bound)
+		}
 	}
 }
 
