@@ -124,6 +124,21 @@ func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
 
 	ls := newLogStream(w)
 	defer ls.close()
+	froms := firstLines(ls, targets, n, resume)
+	if !follow {
+		ls.send(api.LogLine{Done: true})
+		return
+	}
+	ls.flush()
+	ends := followAll(ctx, ls, targets, froms)
+	if r.Context().Err() == nil {
+		sendResume(ls, targets, ends) // the agent ended it: stops, or hands over
+	}
+}
+
+// firstLines sends the last n lines of each target's log, or nothing for a
+// target resumed, and returns the offsets to follow from (-1: unreadable).
+func firstLines(ls *logStream, targets []logTarget, n int, resume map[string]api.LogPos) []int64 {
 	froms := make([]int64, len(targets))
 	for i, t := range targets {
 		if p, ok := resume[t.app]; ok {
@@ -141,21 +156,7 @@ func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		froms[i] = from
 	}
-	if !follow {
-		ls.send(api.LogLine{Done: true})
-		return
-	}
-	ls.flush()
-	ends := followAll(ctx, ls, targets, froms)
-	if r.Context().Err() == nil {
-		// The agent ends the follow (it stops, or hands over): say where
-		// each log stopped, for the client to go on with the next agent.
-		for i, t := range targets {
-			if e := ends[i]; e != nil {
-				ls.send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
-			}
-		}
-	}
+	return froms
 }
 
 // followAll streams the lines appended to each target's log from froms[i]

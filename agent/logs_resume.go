@@ -32,6 +32,16 @@ func parseResume(vs []string) (map[string]api.LogPos, error) {
 	return out, nil
 }
 
+// sendResume says where each log of a follow the agent ends stopped, for
+// the client to go on with the next agent.
+func sendResume(ls *logStream, targets []logTarget, ends []*logs.Position) {
+	for i, t := range targets {
+		if e := ends[i]; e != nil {
+			ls.send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
+		}
+	}
+}
+
 // resumeFrom returns the offset in t's current log file to follow from to
 // go on at p. If the log was rotated since, it first sends the rest of the
 // rotated file (found by its inode; a compressed one is gone: it says so).
