@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/deployd/deployd/handoff"
@@ -104,6 +105,14 @@ func (h *handing) failed() {
 	for _, rt := range h.apps {
 		rt.sup.Resume()
 	}
+	// tableflip leaves two fds per attempt to the garbage collector: its
+	// copies of the pipes it gave the child (startChild never closes
+	// readyW and namesR), and its dup of the previous attempt's handover
+	// channel, which AddFile replaced in its table without closing. Only
+	// the os.File finalizers close them; collect now so that a failed
+	// upgrade leaves the fd count where it was (plus this attempt's dup,
+	// which the next attempt replaces: tableflip cannot drop a file).
+	runtime.GC()
 }
 
 // succeeded closes the copy of the next agent's end.

@@ -105,6 +105,11 @@ func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
 	if errLog {
 		stream = "err"
 	}
+	resume, err := parseResume(q["resume"])
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad request: "+err.Error())
+		return
+	}
 	targets, unknown := a.logTargets(q.Get("app"), stream)
 	if unknown != "" {
 		writeError(w, http.StatusNotFound, unknown)
@@ -119,8 +124,27 @@ func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
 
 	ls := newLogStream(w)
 	defer ls.close()
+	froms := firstLines(ls, targets, n, resume)
+	if !follow {
+		ls.send(api.LogLine{Done: true})
+		return
+	}
+	ls.flush()
+	ends := followAll(ctx, ls, targets, froms)
+	if r.Context().Err() == nil {
+		sendResume(ls, targets, ends) // the agent ended it: stops, or hands over
+	}
+}
+
+// firstLines sends the last n lines of each target's log, or nothing for a
+// target resumed, and returns the offsets to follow from (-1: unreadable).
+func firstLines(ls *logStream, targets []logTarget, n int, resume map[string]api.LogPos) []int64 {
 	froms := make([]int64, len(targets))
 	for i, t := range targets {
+		if p, ok := resume[t.app]; ok {
+			froms[i] = resumeFrom(ls, t, p)
+			continue
+		}
 		lines, from, err := tailFrom(t.path, n)
 		if err != nil {
 			ls.send(api.LogLine{App: t.app, Error: err.Error()})
@@ -132,17 +156,14 @@ func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		froms[i] = from
 	}
-	if !follow {
-		ls.send(api.LogLine{Done: true})
-		return
-	}
-	ls.flush()
-	followAll(ctx, ls, targets, froms)
+	return froms
 }
 
 // followAll streams the lines appended to each target's log from froms[i]
-// (skipping negative ones) until ctx is done.
-func followAll(ctx context.Context, ls *logStream, targets []logTarget, froms []int64) {
+// (skipping negative ones) until ctx is done, and returns where each
+// stopped (nil for one skipped or failed).
+func followAll(ctx context.Context, ls *logStream, targets []logTarget, froms []int64) []*logs.Position {
+	ends := make([]*logs.Position, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		if froms[i] < 0 {
@@ -151,15 +172,18 @@ func followAll(ctx context.Context, ls *logStream, targets []logTarget, froms []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := logs.Follow(ctx, t.path, froms[i], func(line string) {
+			end, err := logs.FollowFrom(ctx, t.path, froms[i], func(line string) {
 				ls.send(api.LogLine{App: t.app, Line: line})
 			})
 			if err != nil {
 				ls.send(api.LogLine{App: t.app, Error: err.Error()})
+				return
 			}
+			ends[i] = &end
 		}()
 	}
 	wg.Wait()
+	return ends
 }
 
 // onServerShutdown calls stop when the control server shuts down (SIGTERM,

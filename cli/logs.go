@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -23,7 +24,8 @@ func logsCommand() *cli.Command {
 		ArgsUsage: "[APP]",
 		Description: "Prints the last -n lines of log_dir/APP.out.log (APP.err.log with --err), reading\n" +
 			"on into the rotated files when the current one is shorter; with -f it then prints\n" +
-			"every new line, across rotations, until Ctrl-C. Without APP it prints every app's\n" +
+			"every new line, across rotations and agent upgrades (it goes on with the new agent\n" +
+			"from the line where the old one stopped), until Ctrl-C. Without APP it prints every app's\n" +
 			"log, each line prefixed with the app's name. The agent writes out what it still\n" +
 			"holds first, so lines a worker just printed show up.\n\n" +
 			"--rotate starts new log files now, as SIGUSR1 does (for an external logrotate).\n" +
@@ -77,7 +79,7 @@ func runLogs(c *cli.Context) error {
 	out := bufio.NewWriterSize(c.App.Writer, 64<<10)
 	defer out.Flush()
 	p := linePrinter{out: out, json: c.Bool("json"), prefix: app == "", errw: c.App.ErrWriter, sync: req.Follow}
-	err := client(c).Logs(cx, req, p.print)
+	err := followAcross(cx, client(c), req, p.print)
 	if err == nil && p.failed {
 		return fail(ExitFailed, "")
 	}
@@ -85,6 +87,39 @@ func runLogs(c *cli.Context) error {
 		return fail(ExitFailed, "%v", err)
 	}
 	return err
+}
+
+// reconnectFor bounds how long a follow the agent ended tries to reach the
+// next agent (after an upgrade the new one serves the same socket at once;
+// after a shutdown nobody does).
+const reconnectFor = 5 * time.Second
+
+// followAcross runs req; when the agent ends a follow (an agent upgrade),
+// it goes on with the agent that then serves the socket from where each
+// log stopped, so no line is lost or printed twice.
+func followAcross(cx context.Context, cl *api.Client, req api.LogsRequest, fn func(api.LogLine)) error {
+	for {
+		err := cl.Logs(cx, req, fn)
+		var ended *api.FollowEndedError
+		if !req.Follow || !errors.As(err, &ended) {
+			return err
+		}
+		req.Resume, req.Lines = ended.Resume, 0
+		deadline := time.Now().Add(reconnectFor)
+		for {
+			_, serr := cl.Status(cx, "")
+			if serr == nil {
+				break
+			}
+			if cx.Err() != nil {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 }
 
 // linePrinter prints the lines of a logs answer.

@@ -3,6 +3,8 @@ package workers
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -83,13 +85,21 @@ func (s *Supervisor) StopLeftovers() {
 func (s *Supervisor) LetGo() {
 	s.stopOnce.Do(func() {
 		var running *opInfo
+		var theirs []*Worker
 		s.call(func(st *state) {
 			st.closing = true
 			close(s.cancel)
 			running = st.op
 			st.handedOver = st.adopted
+			theirs = append(slices.Collect(maps.Keys(st.adopted)), st.leftovers...)
 			st.leftovers = nil
 		})
+		// Stop reading their channels before the previous agent reads them
+		// again: what was read is in the sinks (the agent flushes them as it
+		// exits), the rest waits in the pipes for the previous agent.
+		for _, w := range theirs {
+			s.giveBack(w)
+		}
 		if running != nil {
 			<-running.done
 		}
@@ -99,6 +109,23 @@ func (s *Supervisor) LetGo() {
 		close(s.quit)
 		<-s.done
 	})
+}
+
+// giveBack ends w's readers without touching its channels again. A partial
+// line a reader held (the app wrote a line in several writes) cannot go
+// back to the previous agent: it is lost, and logged.
+func (s *Supervisor) giveBack(w *Worker) {
+	if w.pz == nil {
+		return
+	}
+	pending := w.pz.pause()
+	w.pz.release()
+	for name, b := range pending {
+		if len(b) > 0 {
+			s.log.Warn("worker left to the previous agent: the start of a line it wrote is lost", "worker", w.Slot,
+				"pid", w.PID, "stream", name, "bytes", len(b))
+		}
+	}
 }
 
 // startAdopting moves the pool to fresh slots of spec, puts the adopted

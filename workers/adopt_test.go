@@ -2,12 +2,15 @@ package workers
 
 import (
 	"encoding/json"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/handoff"
 )
@@ -154,4 +157,66 @@ func TestAdoptNodeIPCWorker(t *testing.T) {
 	}
 	next.Stop()
 	waitFor(t, "adopted worker gone", func() bool { return processGone(before[0]) })
+}
+
+// lastTick is the highest tick w's reader has read.
+func lastTick(w *Worker) int {
+	ts := ticksOf(w.LastLines())
+	if len(ts) == 0 {
+		return 0
+	}
+	return ts[len(ts)-1]
+}
+
+// unread is how many bytes wait in the pipe f reads (FIONREAD, which is
+// TIOCINQ on Linux).
+func unread(t *testing.T, f *os.File) int {
+	t.Helper()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var ierr error
+	if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.TIOCINQ) }); err != nil || ierr != nil {
+		t.Fatalf("FIONREAD: %v %v", err, ierr)
+	}
+	return n
+}
+
+// A new agent that gives up (LetGo) stops reading the workers it adopted
+// before the previous agent reads them again: only one agent reads a pipe,
+// and the previous one reads on from the first line the other did not.
+func TestLetGoStopsReadingAdoptedWorkers(t *testing.T) {
+	spec := testSpec(t, newListener(t), "ticker", 1)
+	old := newSupervisor(t, spec)
+	mustStart(t, old)
+	mine := currentWorkers(old)[0]
+	hs, err := old.HandOver()
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("HandOver: %d workers, %v", len(hs), err)
+	}
+	got := handOverTo(t, hs)
+	next := newSupervisor(t, spec)
+	if err := next.Adopt(got); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	adopted := currentWorkers(next)[0]
+	n0 := lastTick(adopted)
+	waitFor(t, "ticks read by the adopter", func() bool { return lastTick(adopted) > n0+2 })
+	next.LetGo()
+	frozen := lastTick(adopted)
+	// Nobody reads now: the worker's lines wait in its pipe.
+	waitFor(t, "lines waiting in the pipe after LetGo", func() bool { return unread(t, mine.ends["out"]) >= 5*len("tick 100\n") })
+	old.Resume()
+	waitFor(t, "ticks read again by the previous agent", func() bool { return lastTick(mine) > frozen+5 })
+	if n := lastTick(adopted); n != frozen {
+		t.Errorf("the agent that let go read on: its last tick went from %d to %d", frozen, n)
+	}
+	if !slices.Contains(ticksOf(mine.LastLines()), frozen+1) {
+		t.Errorf("the previous agent read on from %v, want tick %d first: lines lost", ticksOf(mine.LastLines()), frozen+1)
+	}
+	if processGone(mine.PID) {
+		t.Errorf("worker %d stopped by LetGo", mine.PID)
+	}
 }

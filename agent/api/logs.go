@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 )
 
 // Paths of the log calls.
@@ -32,7 +33,49 @@ type LogsRequest struct {
 	Lines  int
 	Err    bool
 	Follow bool
+	// Resume goes on from where a follow the agent ended stopped, per app
+	// (FollowEndedError), instead of printing the last Lines lines.
+	Resume []LogPos
 }
+
+// LogPos is where a follow stopped in one app's log: the file (device and
+// inode, 0 if none existed yet) and the offset of the first line not sent.
+type LogPos struct {
+	App    string `json:"app"`
+	Dev    uint64 `json:"dev"`
+	Ino    uint64 `json:"ino"`
+	Offset int64  `json:"offset"`
+}
+
+// String is its form in the resume query parameter: dev:ino:offset:app.
+func (p LogPos) String() string { return fmt.Sprintf("%d:%d:%d:%s", p.Dev, p.Ino, p.Offset, p.App) }
+
+// ParseLogPos reads LogPos.String's form.
+func ParseLogPos(s string) (LogPos, error) {
+	f := strings.SplitN(s, ":", 4)
+	if len(f) != 4 || f[3] == "" {
+		return LogPos{}, fmt.Errorf("resume=%q: want dev:ino:offset:app", s)
+	}
+	var p LogPos
+	var err1, err2, err3 error
+	p.Dev, err1 = strconv.ParseUint(f[0], 10, 64)
+	p.Ino, err2 = strconv.ParseUint(f[1], 10, 64)
+	p.Offset, err3 = strconv.ParseInt(f[2], 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil || p.Offset < 0 {
+		return LogPos{}, fmt.Errorf("resume=%q: want dev:ino:offset:app", s)
+	}
+	p.App = f[3]
+	return p, nil
+}
+
+// FollowEndedError is what Logs returns when the agent ended a follow
+// while the client was still there (it stopped, or handed over to a new
+// agent, which serves the same socket): Resume says where each log
+// stopped. It is an ErrLogStreamCut.
+type FollowEndedError struct{ Resume []LogPos }
+
+func (e *FollowEndedError) Error() string { return ErrLogStreamCut.Error() }
+func (e *FollowEndedError) Unwrap() error { return ErrLogStreamCut }
 
 // LogLine is one line of the answer of GET /v1/logs (NDJSON). A line of the
 // log has App and Line; Error reports a log that could not be read (the
@@ -43,6 +86,9 @@ type LogLine struct {
 	Line  string `json:"line"`
 	Error string `json:"error,omitempty"`
 	Done  bool   `json:"done,omitempty"`
+	// Resume, in the last lines of a follow the agent ends, says where the
+	// app's log stopped.
+	Resume *LogPos `json:"resume,omitempty"`
 }
 
 // LogFilesRequest is the body of POST /v1/logs/rotate and /v1/logs/flush.
@@ -75,6 +121,9 @@ func (c *Client) Logs(ctx context.Context, req LogsRequest, fn func(LogLine)) er
 	if req.Follow {
 		q.Set("follow", "1")
 	}
+	for _, p := range req.Resume {
+		q.Add("resume", p.String())
+	}
 	resp, err := c.do(ctx, http.MethodGet, PathLogs+"?"+q.Encode(), nil)
 	if err != nil {
 		return err
@@ -82,21 +131,29 @@ func (c *Client) Logs(ctx context.Context, req LogsRequest, fn func(LogLine)) er
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	var resume []LogPos
 	for sc.Scan() {
 		var l LogLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 			return fmt.Errorf("agent answer: %w", err)
 		}
-		if l.Done {
+		switch {
+		case l.Done:
 			return nil
+		case l.Resume != nil:
+			resume = append(resume, *l.Resume)
+		default:
+			fn(l)
 		}
-		fn(l)
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrLogStreamCut, err)
+	}
+	if resume != nil {
+		return &FollowEndedError{Resume: resume}
 	}
 	return ErrLogStreamCut
 }

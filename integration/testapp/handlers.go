@@ -46,6 +46,7 @@ func (a *app) routes() http.Handler {
 	mux.HandleFunc("GET /log", a.handleLog)
 	mux.HandleFunc("GET /healthz", a.handleHealth)
 	mux.HandleFunc("GET /sick", a.handleSick)
+	mux.HandleFunc("GET /notify", a.handleNotify)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Version", a.cfg.version)
 		if !sleep(r, a.cfg.slow) {
@@ -127,6 +128,16 @@ func (a *app) handleLog(w http.ResponseWriter, r *http.Request) {
 		a.writeLines("log", n, r.Context().Done())
 		fmt.Fprintf(w, "wrote %d lines\n", n)
 	}
+}
+
+// handleNotify sends ?state=S (e.g. "STATUS=busy") on NOTIFY_SOCKET and
+// answers with its identity, so a test knows which worker sent it.
+func (a *app) handleNotify(w http.ResponseWriter, r *http.Request) {
+	if !a.notify(r.URL.Query().Get("state")) {
+		http.Error(w, "sd_notify: not sent", http.StatusInternalServerError)
+		return
+	}
+	a.handleIdentity(w, r)
 }
 
 // intParam reads a query parameter in [0, limit]; on a bad value it answers 400.

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -142,6 +143,21 @@ func lastLinesOfGzip(path string, n int) ([]string, error) {
 // does not exist yet, and returns nil when ctx is done. A line longer than
 // DefaultMaxLine is delivered in chunks, as Capture does.
 func Follow(ctx context.Context, path string, from int64, fn func(line string)) error {
+	_, err := FollowFrom(ctx, path, from, fn)
+	return err
+}
+
+// Position is where a follow stopped: the file it was reading (device and
+// inode; 0 when none existed yet) and the offset of the first byte it did
+// not deliver (the start of a line).
+type Position struct {
+	Dev, Ino uint64
+	Offset   int64
+}
+
+// FollowFrom is Follow, which also returns where it stopped once ctx is
+// done, so that a later follow of the same file goes on from there.
+func FollowFrom(ctx context.Context, path string, from int64, fn func(line string)) (Position, error) {
 	tick := time.NewTicker(followPoll)
 	defer tick.Stop()
 	wait := func() bool {
@@ -158,25 +174,25 @@ func Follow(ctx context.Context, path string, from int64, fn func(line string)) 
 		if fl.f == nil {
 			ok, err := fl.open(path, from)
 			if err != nil {
-				return err
+				return Position{}, err
 			}
 			if !ok {
 				if !wait() {
-					return nil
+					return Position{}, nil
 				}
 				continue
 			}
 			from = 0 // a file that replaces this one is read from its start
 		}
 		if err := fl.read(ctx); err != nil {
-			return err
+			return Position{}, err
 		}
 		again, err := fl.check(path)
 		if err != nil {
-			return err
+			return Position{}, err
 		}
 		if !again && !wait() {
-			return nil
+			return fl.position(), nil
 		}
 	}
 }
@@ -266,6 +282,21 @@ func (fl *follower) check(path string) (bool, error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// position is where fl stands: its file and the start of the line it has
+// not delivered yet.
+func (fl *follower) position() Position {
+	if fl.f == nil {
+		return Position{}
+	}
+	p := Position{Offset: fl.offset - int64(len(fl.partial))}
+	if fi, err := fl.f.Stat(); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			p.Dev, p.Ino = uint64(st.Dev), st.Ino
+		}
+	}
+	return p
 }
 
 func (fl *follower) close() {
