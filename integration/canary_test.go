@@ -224,6 +224,7 @@ func TestCanaryDeployCrashAbortsByItself(t *testing.T) {
 
 // canary_timeout ends a hold by itself with canary_action; status shows it.
 func TestCanaryTimeoutAction(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })

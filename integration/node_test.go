@@ -260,24 +260,28 @@ func reloadNode(t *testing.T, cfg string, port, instances, n int) *Agent {
 }
 
 func TestNodeTutorialAppExpress4(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeServerCloseHandlerExpress5(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": closeHandlerApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeESModuleApp(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.mjs": esmApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.mjs"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeNpmStart(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp, "package.json": npmPackageJSON})
 	reloadNode(t, nodeConfig(dir, []string{"npm", "start"}, port, 2, ""), port, 2, 5)
@@ -340,12 +344,14 @@ func TestNodeReloadToAnUnlistedPortIsAbandoned(t *testing.T) {
 }
 
 func TestNodeFastifyApp(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "fastify", port, map[string]string{"app.js": fastifyApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeKoaApp(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "koa", port, map[string]string{"app.js": koaApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
@@ -354,6 +360,7 @@ func TestNodeKoaApp(t *testing.T) {
 // ready = "node-ipc" through npm start: npm's own node takes NODE_CHANNEL_FD,
 // so the app's process.send('ready') goes through the preload's channel.
 func TestNodeNpmStartWithNodeIPC(t *testing.T) {
+	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	app := strings.Replace(tutorialApp, "console.log(`Example app listening on port ${port}`)",
 		"console.log(`Example app listening on port ${port}`)\n  setTimeout(() => process.send('ready'), 1000)", 1)
