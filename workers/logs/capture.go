@@ -37,8 +37,9 @@ func CaptureFrom(r io.Reader, pending []byte, maxLine int, fn func(text string))
 	}
 	// Room for a whole line plus "\r\n", so a line of exactly maxLine bytes
 	// is recognised as one line and not as a chunk and an empty line. The
-	// buffer starts small (a quiet worker's reader holds 4 KiB, not 64) and
-	// doubles up to that when a line or a burst fills it.
+	// buffer starts small (a quiet worker's reader holds 4 KiB, not 64),
+	// doubles up to that when a line or a burst fills it, and goes back to
+	// 4 KiB once a short read leaves no partial line.
 	limit := max(maxLine+2, 32<<10)
 	buf := make([]byte, max(min(captureStart, limit), len(pending)+1))
 	start, end := 0, copy(buf, pending)
@@ -58,6 +59,9 @@ func CaptureFrom(r io.Reader, pending []byte, maxLine int, fn func(text string))
 		start = deliver(buf[start:end], start, maxLine, err != nil && !paused, fn)
 		if paused {
 			return bytes.Clone(buf[start:end]), err
+		}
+		if start == end && len(buf) > captureStart && n < captureStart/2 {
+			buf, start, end = make([]byte, captureStart), 0, 0 // the burst is over
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {

@@ -79,6 +79,19 @@ func (q *lineQueue) done(b []Line) {
 	}
 }
 
+// trim lets go of arrays bigger than keepLines that hold no line.
+func (q *lineQueue) trim() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if cap(q.spare) > keepLines {
+		q.spare = nil
+	}
+	if len(q.lines) == 0 && cap(q.lines) > keepLines {
+		q.lines = nil
+	}
+	q.peak = 0
+}
+
 // len is the number of queued lines.
 func (q *lineQueue) len() int {
 	q.mu.Lock()

@@ -37,3 +37,24 @@ func TestLineQueueLetsGoOfABurst(t *testing.T) {
 		t.Error("lines left after every batch was taken")
 	}
 }
+
+// A writer that has been idle for idleTrim lets go of the queue's arrays.
+func TestLineQueueTrim(t *testing.T) {
+	q := newLineQueue(DefaultBufferLines)
+	for i := range 5000 {
+		q.push(Line{Text: strconv.Itoa(i)})
+	}
+	b := q.take()
+	for range 1000 { // a burst arrives while the first batch is written
+		q.push(Line{Text: "x"})
+	}
+	q.done(b)
+	q.done(q.take())
+	if cap(q.lines)+cap(q.spare) <= keepLines {
+		t.Fatal("the burst's arrays are gone before the trim: the test shows nothing")
+	}
+	q.trim()
+	if c := cap(q.lines) + cap(q.spare); c > keepLines {
+		t.Errorf("a trimmed queue keeps room for %d lines, want at most %d", c, keepLines)
+	}
+}

@@ -33,12 +33,17 @@ type writer struct {
 
 func (w *writer) run() {
 	defer close(w.s.done)
+	idle := time.NewTimer(idleTrim)
+	defer idle.Stop()
 	for {
 		select {
 		case <-w.s.queue.ready:
 			w.take() // at most BufferLines, so requests are not starved
 			w.flush()
 			w.signalRoom()
+			idle.Reset(idleTrim)
+		case <-idle.C:
+			w.trim()
 		case r := <-w.s.reqs:
 			if r.kind == reqClose {
 				r.reply <- w.close()
@@ -46,6 +51,24 @@ func (w *writer) run() {
 			}
 			r.reply <- w.handle(r.kind)
 		}
+	}
+}
+
+// idleTrim is how long a sink without new lines keeps the memory a burst
+// grew (its queue's arrays, the batch buffer) before it lets it go.
+const idleTrim = 2 * time.Second
+
+// keepBuf is the batch buffer's capacity an idle writer keeps.
+const keepBuf = 16 << 10
+
+// trim lets go of what a burst grew, once the sink is idle.
+func (w *writer) trim() {
+	w.s.queue.trim()
+	if cap(w.buf) > keepBuf {
+		w.buf = nil
+	}
+	if cap(w.head) > keepBuf {
+		w.head = nil
 	}
 }
 
