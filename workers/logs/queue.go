@@ -79,17 +79,20 @@ func (q *lineQueue) done(b []Line) {
 	}
 }
 
-// trim lets go of arrays bigger than keepLines that hold no line.
-func (q *lineQueue) trim() {
+// trim lets go of arrays bigger than keepLines that hold no line; it
+// reports whether there was one.
+func (q *lineQueue) trim() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	big := false
 	if cap(q.spare) > keepLines {
-		q.spare = nil
+		q.spare, big = nil, true
 	}
 	if len(q.lines) == 0 && cap(q.lines) > keepLines {
-		q.lines = nil
+		q.lines, big = nil, true
 	}
 	q.peak = 0
+	return big
 }
 
 // len is the number of queued lines.

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io/fs"
+	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -61,16 +63,39 @@ const idleTrim = 2 * time.Second
 // keepBuf is the batch buffer's capacity an idle writer keeps.
 const keepBuf = 16 << 10
 
-// trim lets go of what a burst grew, once the sink is idle.
+// trim lets go of what a burst grew, once the sink is idle, and then
+// returns the burst's garbage (a string per line) to the OS: the agent
+// allocates little between bursts, so without a collection now the pages
+// would stay resident until the runtime's periodic GC, minutes later.
 func (w *writer) trim() {
-	w.s.queue.trim()
+	big := w.s.queue.trim() || cap(w.buf) > keepBuf || cap(w.head) > keepBuf
 	if cap(w.buf) > keepBuf {
 		w.buf = nil
 	}
 	if cap(w.head) > keepBuf {
 		w.head = nil
 	}
+	if big {
+		releaseMemory()
+	}
 }
+
+// lastRelease is when releaseMemory last ran (UnixNano), shared by every
+// sink of the process.
+var lastRelease atomic.Int64
+
+// releaseMemory runs a GC and returns free memory to the OS, at most once
+// per releaseEvery for the whole process: a GC of the agent's small heap
+// takes about a millisecond.
+func releaseMemory() {
+	now, last := time.Now().UnixNano(), lastRelease.Load()
+	if now-last < int64(releaseEvery) || !lastRelease.CompareAndSwap(last, now) {
+		return
+	}
+	debug.FreeOSMemory()
+}
+
+const releaseEvery = 10 * time.Second
 
 // handle writes the lines queued before the request arrived, then acts on it.
 func (w *writer) handle(kind reqKind) error {
