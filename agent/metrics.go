@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,12 +15,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/prometheus/procfs"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procstat"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/workers"
 )
@@ -57,17 +56,9 @@ func (a *Agent) startMetrics(addr string) error {
 		return fmt.Errorf("metrics %s: %w", addr, err)
 	}
 	log := a.log.Named("metrics")
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		collectors.NewGoCollector(),
-		newCollector(a),
-	)
 	errLog := log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
 	mux := http.NewServeMux()
-	mux.Handle("GET "+MetricsPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{
-		ErrorLog: errLog, ErrorHandling: promhttp.ContinueOnError, MaxRequestsInFlight: 4, Timeout: 15 * time.Second,
-	}))
+	mux.Handle("GET "+MetricsPath, newCollector(a))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "deployd %s: Prometheus metrics at %s\n", version.String(), MetricsPath)
 	})
@@ -102,14 +93,13 @@ func (m *metricsServer) Stop() {
 	<-m.done
 }
 
-// collector reads the agent's status at scrape time.
+// collector answers a scrape from the agent's status at that moment: one
+// status snapshot per app, and the agent's own process and Go runtime
+// figures under the names the Prometheus client uses (process_*, go_*).
 type collector struct {
-	a  *Agent
-	fs procfs.FS
-
-	info, appState, appRelease, appDesired, appWorkers *prometheus.Desc
-	restarts, reloads, reloadSeconds, droppedLines     *prometheus.Desc
-	wInfo, wRSS, wCPU, wStart, wReady                  *prometheus.Desc
+	a        *Agent
+	fs       procstat.FS
+	inFlight chan struct{} // at most cap scrapes at once; more get 503
 }
 
 // Known states, exported as 0 when not current so that alerts can match them.
@@ -120,90 +110,89 @@ var (
 		string(workers.Stopping), string(workers.Exited)}
 )
 
+// families are the agent's metric families, in the order a scrape lists them.
+var families = [][3]string{
+	{"deployd_agent_info", "gauge", "The running agent (value 1), by version."},
+	{"deployd_app_state", "gauge", "1 for the app's current state, 0 for the others."},
+	{"deployd_app_release_info", "gauge", "The release the app's workers run or move to (value 1)."},
+	{"deployd_app_desired_workers", "gauge", "Workers the app should run."},
+	{"deployd_app_workers", "gauge", "Worker processes of the app by state (during a reload old and new ones)."},
+	{"deployd_app_restarts_total", "counter", "Workers restarted after they exited on their own (crash restarts)."},
+	{"deployd_app_reloads_total", "counter", "Finished reloads (reload, deploy, rollback) by outcome: done, " +
+		"abandoned (the new version never got ready; the old one kept serving) or failed."},
+	{"deployd_app_reload_duration_seconds", "histogram", "How long reloads took."},
+	{"deployd_app_log_lines_dropped_total", "counter",
+		"Output lines of the app's workers the agent could not write to its log files."},
+	{"deployd_worker_info", "gauge", "A worker process (value 1) with its release, generation and state."},
+	{"deployd_worker_resident_memory_bytes", "gauge", "Resident memory of the worker process."},
+	{"deployd_worker_cpu_seconds_total", "counter", "User and system CPU time of the worker process."},
+	{"deployd_worker_start_time_seconds", "gauge", "When the worker started, in seconds since the epoch."},
+	{"deployd_worker_ready_seconds", "gauge", "How long the worker took from start to ready (only once ready)."},
+	{"process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."},
+	{"process_resident_memory_bytes", "gauge", "Resident memory size in bytes."},
+	{"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."},
+	{"process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds."},
+	{"process_open_fds", "gauge", "Number of open file descriptors."},
+	{"process_max_fds", "gauge", "Maximum number of open file descriptors."},
+	{"go_info", "gauge", "Information about the Go environment."},
+	{"go_goroutines", "gauge", "Number of goroutines that currently exist."},
+	{"go_threads", "gauge", "Number of OS threads created."},
+	{"go_memstats_heap_alloc_bytes", "gauge", "Number of heap bytes allocated and currently in use."},
+	{"go_memstats_sys_bytes", "gauge", "Number of bytes obtained from system."},
+}
+
 func newCollector(a *Agent) *collector {
-	fs, _ := procfs.NewDefaultFS()
-	d := prometheus.NewDesc
-	app, worker := []string{"app"}, []string{"app", "slot", "pid"}
-	return &collector{
-		a: a, fs: fs,
-		info: d("deployd_agent_info", "The running agent (value 1), by version.", []string{"version"}, nil),
-		appState: d("deployd_app_state", "1 for the app's current state, 0 for the others.",
-			[]string{"app", "state"}, nil),
-		appRelease: d("deployd_app_release_info", "The release the app's workers run or move to (value 1).",
-			[]string{"app", "release"}, nil),
-		appDesired: d("deployd_app_desired_workers", "Workers the app should run.", app, nil),
-		appWorkers: d("deployd_app_workers", "Worker processes of the app by state (during a reload old and new ones).",
-			[]string{"app", "state"}, nil),
-		restarts: d("deployd_app_restarts_total", "Workers restarted after they exited on their own (crash restarts).",
-			app, nil),
-		reloads: d("deployd_app_reloads_total", "Finished reloads (reload, deploy, rollback) by outcome: done, "+
-			"abandoned (the new version never got ready; the old one kept serving) or failed.",
-			[]string{"app", "outcome"}, nil),
-		reloadSeconds: d("deployd_app_reload_duration_seconds", "How long reloads took.", app, nil),
-		droppedLines: d("deployd_app_log_lines_dropped_total",
-			"Output lines of the app's workers the agent could not write to its log files.", app, nil),
-		wInfo: d("deployd_worker_info", "A worker process (value 1) with its release, generation and state.",
-			append(worker, "release", "generation", "state"), nil),
-		wRSS:   d("deployd_worker_resident_memory_bytes", "Resident memory of the worker process.", worker, nil),
-		wCPU:   d("deployd_worker_cpu_seconds_total", "User and system CPU time of the worker process.", worker, nil),
-		wStart: d("deployd_worker_start_time_seconds", "When the worker started, in seconds since the epoch.", worker, nil),
-		wReady: d("deployd_worker_ready_seconds", "How long the worker took from start to ready (only once ready).",
-			worker, nil),
-	}
+	return &collector{a: a, inFlight: make(chan struct{}, 4)}
 }
 
-// Describe implements prometheus.Collector.
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.info, c.appState, c.appRelease, c.appDesired, c.appWorkers,
-		c.restarts, c.reloads, c.reloadSeconds, c.droppedLines, c.wInfo, c.wRSS, c.wCPU, c.wStart, c.wReady} {
-		ch <- d
+// ServeHTTP answers a scrape.
+func (c *collector) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	select {
+	case c.inFlight <- struct{}{}:
+		defer func() { <-c.inFlight }()
+	default:
+		http.Error(w, "too many scrapes at once", http.StatusServiceUnavailable)
+		return
 	}
+	b := c.collect()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.Write(b)
 }
 
-// Collect implements prometheus.Collector: one status snapshot per app.
-func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	send(ch, c.info, prometheus.GaugeValue, 1, version.String())
-	a := c.a
-	for _, rt := range a.appList() {
-		c.collectApp(ch, rt)
+// collect builds one scrape.
+func (c *collector) collect() []byte {
+	e := &exposition{}
+	for _, f := range families {
+		e.declare(f[0], f[1], f[2])
 	}
+	e.add("deployd_agent_info", "", 1, "version", version.String())
+	for _, rt := range c.a.appList() {
+		c.collectApp(e, rt)
+	}
+	c.collectSelf(e)
+	return e.Bytes()
 }
 
-// send sends a constant metric, or an invalid one that names the error.
-func send(ch chan<- prometheus.Metric, d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
-	m, err := prometheus.NewConstMetric(d, t, v, labels...)
-	if err != nil {
-		m = prometheus.NewInvalidMetric(d, err)
-	}
-	ch <- m
-}
-
-func (c *collector) collectApp(ch chan<- prometheus.Metric, rt *appRT) {
+func (c *collector) collectApp(e *exposition, rt *appRT) {
 	st, ctr := appStatus(rt), rt.sup.Counters()
 	name := rt.name
 	for _, s := range withCurrent(appStates, st.State) {
-		send(ch, c.appState, prometheus.GaugeValue, b2f(s == st.State), name, s)
+		e.add("deployd_app_state", "", b2f(s == st.State), "app", name, "state", s)
 	}
 	if st.Release != "" {
-		send(ch, c.appRelease, prometheus.GaugeValue, 1, name, st.Release)
+		e.add("deployd_app_release_info", "", 1, "app", name, "release", st.Release)
 	}
-	send(ch, c.appDesired, prometheus.GaugeValue, float64(st.Instances), name)
-	send(ch, c.restarts, prometheus.CounterValue, float64(ctr.Restarts), name)
-	send(ch, c.droppedLines, prometheus.CounterValue, float64(st.DroppedLogLines), name)
+	e.add("deployd_app_desired_workers", "", float64(st.Instances), "app", name)
+	e.add("deployd_app_restarts_total", "", float64(ctr.Restarts), "app", name)
+	e.add("deployd_app_log_lines_dropped_total", "", float64(st.DroppedLogLines), "app", name)
 	var count uint64
 	for _, o := range []string{workers.ReloadDone, workers.ReloadAbandoned, workers.ReloadFailed} {
-		send(ch, c.reloads, prometheus.CounterValue, float64(ctr.Reloads[o]), name, o)
+		e.add("deployd_app_reloads_total", "", float64(ctr.Reloads[o]), "app", name, "outcome", o)
 		count += ctr.Reloads[o]
 	}
-	buckets := map[float64]uint64{}
-	for i, le := range workers.ReloadBucketBounds() {
-		buckets[le] = ctr.ReloadBuckets[i]
-	}
-	h, err := prometheus.NewConstHistogram(c.reloadSeconds, count, ctr.ReloadSeconds, buckets, name)
-	if err != nil {
-		h = prometheus.NewInvalidMetric(c.reloadSeconds, err)
-	}
-	ch <- h
+	e.histogram("deployd_app_reload_duration_seconds", workers.ReloadBucketBounds(), ctr.ReloadBuckets,
+		ctr.ReloadSeconds, count, "app", name)
 
 	byState := map[string]int{}
 	seen := map[string]bool{}
@@ -215,15 +204,16 @@ func (c *collector) collectApp(ch chan<- prometheus.Metric, rt *appRT) {
 			continue // a worker that could not be started has no process
 		}
 		seen[slot+"/"+pid] = true
-		send(ch, c.wInfo, prometheus.GaugeValue, 1, name, slot, pid, w.Release, strconv.Itoa(w.Generation), w.State)
-		send(ch, c.wRSS, prometheus.GaugeValue, float64(w.RSSBytes), name, slot, pid)
-		if cpu, ok := c.cpuSeconds(w.PID); ok {
-			send(ch, c.wCPU, prometheus.CounterValue, cpu, name, slot, pid)
+		e.add("deployd_worker_info", "", 1, "app", name, "slot", slot, "pid", pid,
+			"release", w.Release, "generation", strconv.Itoa(w.Generation), "state", w.State)
+		e.add("deployd_worker_resident_memory_bytes", "", float64(w.RSSBytes), "app", name, "slot", slot, "pid", pid)
+		if ps, err := c.fs.Stat(w.PID); err == nil {
+			e.add("deployd_worker_cpu_seconds_total", "", ps.CPUSeconds(), "app", name, "slot", slot, "pid", pid)
 		}
 		started := now.Add(-time.Duration(w.UptimeSeconds * float64(time.Second)))
-		send(ch, c.wStart, prometheus.GaugeValue, float64(started.UnixMilli())/1e3, name, slot, pid)
+		e.add("deployd_worker_start_time_seconds", "", float64(started.UnixMilli())/1e3, "app", name, "slot", slot, "pid", pid)
 		if w.ReadyMillis > 0 {
-			send(ch, c.wReady, prometheus.GaugeValue, float64(w.ReadyMillis)/1e3, name, slot, pid)
+			e.add("deployd_worker_ready_seconds", "", float64(w.ReadyMillis)/1e3, "app", name, "slot", slot, "pid", pid)
 		}
 	}
 	states := append([]string(nil), workerStates...)
@@ -231,21 +221,40 @@ func (c *collector) collectApp(ch chan<- prometheus.Metric, rt *appRT) {
 		states = withCurrent(states, s)
 	}
 	for _, s := range states {
-		send(ch, c.appWorkers, prometheus.GaugeValue, float64(byState[s]), name, s)
+		e.add("deployd_app_workers", "", float64(byState[s]), "app", name, "state", s)
 	}
 }
 
-// cpuSeconds reads the CPU time of pid from /proc.
-func (c *collector) cpuSeconds(pid int) (float64, bool) {
-	p, err := c.fs.Proc(pid)
-	if err != nil {
-		return 0, false
+// runtimeSamples are the runtime/metrics the go_* families are read from.
+var runtimeSamples = []string{"/memory/classes/heap/objects:bytes", "/memory/classes/total:bytes", "/sched/goroutines:goroutines"}
+
+// collectSelf adds the agent's own process_* and go_* figures.
+func (c *collector) collectSelf(e *exposition) {
+	if ps, err := c.fs.Stat(0); err == nil {
+		e.add("process_cpu_seconds_total", "", ps.CPUSeconds())
+		e.add("process_resident_memory_bytes", "", float64(ps.RSSBytes()))
+		e.add("process_virtual_memory_bytes", "", float64(ps.VSize))
+		if boot, err := c.fs.BootTime(); err == nil {
+			e.add("process_start_time_seconds", "", float64(boot)+ps.StartSeconds())
+		}
+		e.add("go_threads", "", float64(ps.NumThreads))
 	}
-	st, err := p.Stat()
-	if err != nil {
-		return 0, false
+	if n, err := c.fs.OpenFDs(); err == nil {
+		e.add("process_open_fds", "", float64(n))
 	}
-	return st.CPUTime(), true
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		e.add("process_max_fds", "", float64(lim.Cur))
+	}
+	e.add("go_info", "", 1, "version", runtime.Version())
+	s := make([]metrics.Sample, len(runtimeSamples))
+	for i, n := range runtimeSamples {
+		s[i].Name = n
+	}
+	metrics.Read(s)
+	e.add("go_memstats_heap_alloc_bytes", "", float64(s[0].Value.Uint64()))
+	e.add("go_memstats_sys_bytes", "", float64(s[1].Value.Uint64()))
+	e.add("go_goroutines", "", float64(s[2].Value.Uint64()))
 }
 
 // withCurrent returns known plus cur when known lacks it.

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/procfs"
+	"github.com/deployd/deployd/internal/procstat"
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
@@ -175,13 +175,9 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // selfRSS is the agent's resident memory in bytes.
 func selfRSS() int64 {
-	p, err := procfs.Self()
+	st, err := procstat.FS{}.Stat(0)
 	if err != nil {
 		return 0
 	}
-	st, err := p.Stat()
-	if err != nil {
-		return 0
-	}
-	return int64(st.ResidentMemory())
+	return st.RSSBytes()
 }

@@ -3,7 +3,7 @@ package workers
 import (
 	"time"
 
-	"github.com/prometheus/procfs"
+	"github.com/deployd/deployd/internal/procstat"
 )
 
 // sampleInterval is how often the loop samples every worker's CPU and
@@ -28,20 +28,16 @@ type sample struct {
 
 // next reads /proc/PID/stat and returns the sample after prev (zero: none
 // yet). ok is false when the process is gone.
-func next(fs procfs.FS, w *Worker, prev sample) (sample, bool) {
+func next(fs procstat.FS, w *Worker, prev sample) (sample, bool) {
 	if w.PID <= 0 {
 		return sample{}, false
 	}
-	p, err := fs.Proc(w.PID)
+	st, err := fs.Stat(w.PID)
 	if err != nil {
 		return sample{}, false
 	}
-	st, err := p.Stat()
-	if err != nil {
-		return sample{}, false
-	}
-	now := sample{at: time.Now(), cpu: st.CPUTime()}
-	now.RSSBytes = int64(st.ResidentMemory())
+	now := sample{at: time.Now(), cpu: st.CPUSeconds()}
+	now.RSSBytes = st.RSSBytes()
 	if prev.at.IsZero() {
 		prev = sample{at: w.Started}
 	}
@@ -53,7 +49,7 @@ func next(fs procfs.FS, w *Worker, prev sample) (sample, bool) {
 
 // sampleAll takes this tick's sample of every worker; the only writer of
 // st.usage besides sampleOne. Run by the loop.
-func (st *state) sampleAll(fs procfs.FS) {
+func (st *state) sampleAll(fs procstat.FS) {
 	seen := make(map[*Worker]bool, len(st.usage))
 	for _, w := range st.workers() {
 		seen[w] = true
@@ -71,7 +67,7 @@ func (st *state) sampleAll(fs procfs.FS) {
 // resample takes a new sample of w now, continuing its series: the loop
 // does when w gets ready, so that status shows the memory of a running app
 // rather than of a process that just started. Run by the loop.
-func (st *state) resample(fs procfs.FS, w *Worker) {
+func (st *state) resample(fs procstat.FS, w *Worker) {
 	if u, ok := next(fs, w, st.usage[w]); ok {
 		st.usage[w] = u
 	}
@@ -79,7 +75,7 @@ func (st *state) resample(fs procfs.FS, w *Worker) {
 
 // sampleOne takes the first sample of a worker that joined the pool, so
 // that status shows its memory before the next tick. Run by the loop.
-func (st *state) sampleOne(fs procfs.FS, w *Worker) {
+func (st *state) sampleOne(fs procstat.FS, w *Worker) {
 	if u, ok := next(fs, w, sample{}); ok {
 		st.usage[w] = u
 	}

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/procfs"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procstat"
 	"github.com/deployd/deployd/workers/logs"
 	"github.com/deployd/deployd/workers/nodejs"
 )
@@ -94,7 +94,7 @@ type Options struct {
 type Supervisor struct {
 	opts Options
 	log  hclog.Logger
-	fs   procfs.FS
+	fs   procstat.FS
 
 	reqs   chan request
 	quit   chan struct{} // closed by Stop to end the loop
@@ -109,12 +109,11 @@ type Supervisor struct {
 // New returns a supervisor with no workers; call Start. Call Stop to end
 // it (its loop runs until then).
 func New(opts Options, spec *Spec) *Supervisor {
-	fs, _ := procfs.NewDefaultFS()
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
 	}
 	s := &Supervisor{
-		opts: opts, log: opts.Logger.Named(opts.App), fs: fs,
+		opts: opts, log: opts.Logger.Named(opts.App),
 		reqs: make(chan request), quit: make(chan struct{}), done: make(chan struct{}),
 		cancel: make(chan struct{}),
 		st: state{spec: spec, app: AppStopped, usage: map[*Worker]sample{},

@@ -12,5 +12,6 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == handoff.ShimArg {
 		os.Exit(handoff.RunShim(os.Args[2:]))
 	}
+	startHeapProfiles()
 	os.Exit(cli.Main(os.Args, os.Stdout, os.Stderr))
 }

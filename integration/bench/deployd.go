@@ -21,12 +21,14 @@ type deploydSystem struct {
 	label string
 	app   appSpec
 
-	p      int
-	dir    string
-	config string
-	socket string
-	agent  *proc
-	client *api.Client
+	p       int
+	metrics int   // the [agent] metrics port; 0: metrics off (set before start to turn them on)
+	extra   []int // ports of the app.extraApps apps
+	dir     string
+	config  string
+	socket  string
+	agent   *proc
+	client  *api.Client
 }
 
 func (s *deploydSystem) name() string    { return s.label }
@@ -59,20 +61,32 @@ func (s *deploydSystem) writeConfig(version string) error {
 		k, v, _ := strings.Cut(kv, "=")
 		env = append(env, fmt.Sprintf("%s = %q", k, v))
 	}
+	agent := ""
+	if s.metrics != 0 {
+		agent = fmt.Sprintf("metrics = \"127.0.0.1:%d\"\n", s.metrics)
+	}
 	body := fmt.Sprintf(`[agent]
 socket = %q
 state_dir = "state"
 log_dir = "logs"
-
-[apps.web]
+%s`, s.socket, agent)
+	for i, port := range append([]int{s.p}, s.extra...) {
+		name := "web"
+		if i > 0 {
+			name = fmt.Sprintf("app%d", i)
+		}
+		body += fmt.Sprintf(`
+[apps.%s]
 command = [%s]
 instances = %d
 listen = ["tcp://127.0.0.1:%d"]
 ready = %q
 ready_timeout = "60s"
 stop_timeout = "30s"
+min_ready = "0s"
 env = { %s }
-`, s.socket, cmd, s.app.instances, s.p, ready, strings.Join(env, ", "))
+`, name, cmd, s.app.instances, port, ready, strings.Join(env, ", "))
+	}
 	return os.WriteFile(s.config, []byte(body), 0o644)
 }
 
@@ -80,6 +94,14 @@ func (s *deploydSystem) start(ctx context.Context) error {
 	var err error
 	if s.p, err = freePort(); err != nil {
 		return err
+	}
+	s.extra = nil
+	for range s.app.extraApps {
+		p, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.extra = append(s.extra, p)
 	}
 	if s.dir, err = os.MkdirTemp(s.b.dir, s.label+"-"); err != nil {
 		return err
@@ -103,10 +125,12 @@ func (s *deploydSystem) start(ctx context.Context) error {
 func (s *deploydSystem) waitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		st, err := s.client.Status(ctx, "web")
-		if err == nil && allReady(st, s.app.instances) {
-			for _, w := range st.Apps[0].Workers {
-				trackPID(w.PID, s.label+" worker")
+		st, err := s.client.Status(ctx, "")
+		if err == nil && allReady(st, 1+s.app.extraApps, s.app.instances) {
+			for _, a := range st.Apps {
+				for _, w := range a.Workers {
+					trackPID(w.PID, s.label+" worker")
+				}
 			}
 			return nil
 		}
@@ -124,13 +148,19 @@ func (s *deploydSystem) waitReady(ctx context.Context, timeout time.Duration) er
 	}
 }
 
-func allReady(st *api.Status, n int) bool {
-	if len(st.Apps) != 1 || len(st.Apps[0].Workers) != n {
+// allReady reports whether st has apps apps of n ready workers each.
+func allReady(st *api.Status, apps, n int) bool {
+	if len(st.Apps) != apps {
 		return false
 	}
-	for _, w := range st.Apps[0].Workers {
-		if w.State != "ready" {
+	for _, a := range st.Apps {
+		if len(a.Workers) != n {
 			return false
+		}
+		for _, w := range a.Workers {
+			if w.State != "ready" {
+				return false
+			}
 		}
 	}
 	return true

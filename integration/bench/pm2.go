@@ -48,10 +48,11 @@ type pm2System struct {
 	b   *bench
 	app appSpec
 
-	p    int
-	home string // PM2_HOME
-	eco  string
-	god  int // the daemon's pid
+	p     int
+	extra []int  // ports of the app.extraApps apps
+	home  string // PM2_HOME
+	eco   string
+	god   int // the daemon's pid
 
 	poller *pm2Poller
 }
@@ -84,23 +85,30 @@ func runPM2(ctx context.Context, bin, home string, timeout time.Duration, args .
 }
 
 func (s *pm2System) writeEcosystem(version string) error {
-	env := map[string]string{"PORT": strconv.Itoa(s.p), "HOST": "127.0.0.1"}
-	for _, kv := range s.app.env(version) {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
+	var apps []any
+	for i, port := range append([]int{s.p}, s.extra...) {
+		name := "web"
+		if i > 0 {
+			name = fmt.Sprintf("app%d", i)
+		}
+		env := map[string]string{"PORT": strconv.Itoa(port), "HOST": "127.0.0.1"}
+		for _, kv := range s.app.env(version) {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		apps = append(apps, map[string]any{
+			"name": name, "script": s.b.appJS, "exec_mode": "cluster", "instances": s.app.instances,
+			// Wait for process.send('ready'); listen_timeout stays at its default (3 s).
+			"wait_ready": true,
+			// SIGINT, then SIGKILL after kill_timeout: far more than the app's drain needs.
+			"kill_timeout": 30000,
+			"env":          env,
+			"out_file":     filepath.Join(s.home, name+"-out.log"),
+			"error_file":   filepath.Join(s.home, name+"-err.log"),
+			"merge_logs":   true,
+		})
 	}
-	app := map[string]any{
-		"name": "web", "script": s.b.appJS, "exec_mode": "cluster", "instances": s.app.instances,
-		// Wait for process.send('ready'); listen_timeout stays at its default (3 s).
-		"wait_ready": true,
-		// SIGINT, then SIGKILL after kill_timeout: far more than the app's drain needs.
-		"kill_timeout": 30000,
-		"env":          env,
-		"out_file":     filepath.Join(s.home, "web-out.log"),
-		"error_file":   filepath.Join(s.home, "web-err.log"),
-		"merge_logs":   true,
-	}
-	js, err := json.MarshalIndent(map[string]any{"apps": []any{app}}, "", "  ")
+	js, err := json.MarshalIndent(map[string]any{"apps": apps}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -111,6 +119,14 @@ func (s *pm2System) start(ctx context.Context) error {
 	var err error
 	if s.p, err = freePort(); err != nil {
 		return err
+	}
+	s.extra = nil
+	for range s.app.extraApps {
+		p, err := freePort()
+		if err != nil {
+			return err
+		}
+		s.extra = append(s.extra, p)
 	}
 	if s.home, err = os.MkdirTemp(s.b.dir, "pm2home-"); err != nil {
 		return err
@@ -140,7 +156,7 @@ func (s *pm2System) start(ctx context.Context) error {
 	deadline := time.Now().Add(60*time.Second + 2*s.app.startupDelay)
 	for {
 		ps, err := s.jlist(ctx)
-		if err == nil && len(ps) == s.app.instances && allOnline(ps) {
+		if err == nil && len(ps) == s.app.instances*(1+s.app.extraApps) && allOnline(ps) {
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -17,6 +17,8 @@ func (b *bench) report(w io.Writer) {
 	b.reportUpgrades(w)
 	b.reportCost(w)
 	b.reportCrash(w)
+	b.reportCrashLoop(w)
+	b.reportMemory(w)
 	b.goals(w)
 	if len(b.res.notes) > 0 {
 		fmt.Fprintf(w, "Notes from the run (distinct failure messages and anomalies):\n\n")
@@ -124,6 +126,33 @@ func (b *bench) reportCost(w io.Writer) {
 	fmt.Fprintf(w, "deployd agent RSS / PM2 daemon RSS under hello load: %s (idle: %s).\n\n",
 		mmm(r.ratio("throughput hello", sysDeployd, "manager_rss", "throughput hello", sysPM2, "manager_rss"), "%.2f"),
 		mmm(r.ratio("cost", sysDeployd, "idle_rss", "cost", sysPM2, "idle_rss"), "%.2f"))
+}
+
+func (b *bench) reportCrashLoop(w io.Writer) {
+	r := &b.res
+	if len(r.vals("crash loop", sysDeployd, "total")) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "### Crash loop (slot 0 killed again as soon as its replacement is ready, %d times)\n\n", crashLoopKills)
+	head := []string{"system"}
+	for k := range crashLoopKills {
+		head = append(head, fmt.Sprintf("crash %d, ms", k+1))
+	}
+	t := &table{head: append(head, "all, s")}
+	for _, sys := range []string{sysDeployd, sysPM2} {
+		if len(r.vals("crash loop", sys, "total")) == 0 {
+			continue
+		}
+		row := []string{sys}
+		for k := range crashLoopKills {
+			row = append(row, med(r.vals("crash loop", sys, fmt.Sprintf("recovery_%d", k+1)), "%.0f"))
+		}
+		t.row(append(row, med(scale(r.vals("crash loop", sys, "total"), 1000), "%.2f"))...)
+	}
+	fmt.Fprintln(w, t)
+	fmt.Fprintf(w, "Medians over repeats. Crash 1 is isolated (the worker had been up over stable_after, 1 s); "+
+		"each later one is of a worker up for less, a crash loop: deployd waits backoff (100 ms, doubling, ±20 %%) "+
+		"before the restart, PM2 (restart_delay 0) restarts at once and stops after max_restarts (15) unstable restarts.\n\n")
 }
 
 func (b *bench) reportCrash(w io.Writer) {

@@ -119,6 +119,58 @@ func (b *bench) crashRecovery(ctx context.Context) error {
 	return nil
 }
 
+// crashLoopKills is how many times in a row the crash-loop run kills slot 0.
+const crashLoopKills = 5
+
+// crashLoop kills slot 0 with SIGKILL as soon as its replacement is ready,
+// crashLoopKills times in a row, and times each recovery: every worker dies
+// well within stable_after / min_uptime (1 s) of its start, the crash loop
+// that deployd backs off from (backoff 100 ms, doubling) and PM2, with
+// restart_delay 0, restarts at once until max_restarts.
+func (b *bench) crashLoop(ctx context.Context) error {
+	node := appSpec{kind: "node", instances: b.instances}
+	for rep := range b.repeats {
+		b.logf("crash loop, repeat %d/%d", rep+1, b.repeats)
+		ss := []crashable{&deploydSystem{b: b, label: sysDeployd, app: node}}
+		if b.pm2 != "" {
+			ss = append(ss, &pm2System{b: b, app: node})
+		}
+		for _, sys := range rotate(ss, rep) {
+			err := b.withSystem(ctx, sys, func() error {
+				time.Sleep(2 * time.Second) // the first worker has been up for longer than stable_after
+				var total time.Duration
+				for k := range crashLoopKills {
+					pids, err := sys.slots(ctx)
+					if err != nil {
+						return err
+					}
+					old := pids[0]
+					if old <= 0 {
+						return fmt.Errorf("%s: no pid for slot 0: %v", sys.name(), pids)
+					}
+					t0 := time.Now()
+					if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+						return err
+					}
+					if err := sys.waitReplaced(ctx, 0, old); err != nil {
+						return err
+					}
+					d := time.Since(t0)
+					total += d
+					b.logf("    %s: crash %d back %v after SIGKILL", sys.name(), k+1, d.Round(time.Millisecond))
+					b.res.add("crash loop", sys.name(), fmt.Sprintf("recovery_%d", k+1), rep, ms(d))
+				}
+				b.res.add("crash loop", sys.name(), "total", rep, ms(total))
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // reloads runs b.reloads reloads under load per system, for an app that starts at once
 // and one that needs startupDelay to start.
 func (b *bench) reloadsUnderLoad(ctx context.Context) error {

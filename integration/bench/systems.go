@@ -47,6 +47,7 @@ type appSpec struct {
 	kind         string // "node" or "go"
 	instances    int
 	startupDelay time.Duration
+	extraApps    int // more apps beside "web" (app1, app2...), each with instances workers and a port of its own
 }
 
 func (a appSpec) env(version string) []string {

@@ -36,20 +36,32 @@ func CaptureFrom(r io.Reader, pending []byte, maxLine int, fn func(text string))
 		maxLine = DefaultMaxLine
 	}
 	// Room for a whole line plus "\r\n", so a line of exactly maxLine bytes
-	// is recognised as one line and not as a chunk and an empty line.
-	buf := make([]byte, max(maxLine+2, 32<<10, len(pending)+1))
+	// is recognised as one line and not as a chunk and an empty line. The
+	// buffer starts small (a quiet worker's reader holds 4 KiB, not 64),
+	// doubles up to that when a line or a burst fills it, and goes back to
+	// 4 KiB once a short read leaves no partial line.
+	limit := max(maxLine+2, 32<<10)
+	buf := make([]byte, max(min(captureStart, limit), len(pending)+1))
 	start, end := 0, copy(buf, pending)
+	filled := false // the last read filled the buffer: more is waiting
 	for {
 		if start > 0 { // move the start of a partial line to the front
 			end = copy(buf, buf[start:end])
 			start = 0
 		}
+		if (filled || end == len(buf)) && len(buf) < limit {
+			buf = append(buf, make([]byte, min(len(buf), limit-len(buf)))...)
+		}
 		n, err := r.Read(buf[end:])
 		end += n
+		filled = n > 0 && end == len(buf)
 		paused := errors.Is(err, os.ErrDeadlineExceeded)
 		start = deliver(buf[start:end], start, maxLine, err != nil && !paused, fn)
 		if paused {
 			return bytes.Clone(buf[start:end]), err
+		}
+		if start == end && len(buf) > captureStart && n < captureStart/2 {
+			buf, start, end = make([]byte, captureStart), 0, 0 // the burst is over
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
@@ -99,6 +111,9 @@ func chunkEnd(p []byte, maxLine int) int {
 	}
 	return maxLine
 }
+
+// captureStart is the size of a new Capture's buffer.
+const captureStart = 4 << 10
 
 // Tail keeps the last lines added, e.g. a worker's last output to show when
 // it crashes. It is safe for concurrent use.

@@ -75,7 +75,7 @@ type Options struct {
 // All methods are safe for concurrent use.
 type Sink struct {
 	opts  Options
-	lines chan Line     // the queue; its capacity is BufferLines
+	queue *lineQueue    // at most BufferLines lines
 	reqs  chan request  // to the writer goroutine
 	done  chan struct{} // closed when the writer goroutine returns
 
@@ -146,7 +146,7 @@ func OpenSink(o Options) (*Sink, error) {
 	}
 	s := &Sink{
 		opts:  o,
-		lines: make(chan Line, o.BufferLines),
+		queue: newLineQueue(o.BufferLines),
 		reqs:  make(chan request),
 		done:  make(chan struct{}),
 	}
@@ -182,15 +182,11 @@ func (s *Sink) Write(l Line) {
 	var timer *time.Timer
 	for {
 		room := s.room.Load()
-		if s.queuedBytes.Add(n) <= int64(s.opts.BufferBytes) {
-			select {
-			case s.lines <- l:
-				if timer != nil {
-					timer.Stop()
-				}
-				return
-			default:
+		if s.queuedBytes.Add(n) <= int64(s.opts.BufferBytes) && s.queue.push(l) {
+			if timer != nil {
+				timer.Stop()
 			}
+			return
 		}
 		s.queuedBytes.Add(-n)
 		if s.failing.Load() || s.stuck() {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io/fs"
+	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,13 +35,17 @@ type writer struct {
 
 func (w *writer) run() {
 	defer close(w.s.done)
+	idle := time.NewTimer(idleTrim)
+	defer idle.Stop()
 	for {
 		select {
-		case l := <-w.s.lines:
-			w.add(l)
-			w.take(cap(w.s.lines)) // bounded, so requests are not starved
+		case <-w.s.queue.ready:
+			w.take() // at most BufferLines, so requests are not starved
 			w.flush()
 			w.signalRoom()
+			idle.Reset(idleTrim)
+		case <-idle.C:
+			w.trim()
 		case r := <-w.s.reqs:
 			if r.kind == reqClose {
 				r.reply <- w.close()
@@ -50,9 +56,50 @@ func (w *writer) run() {
 	}
 }
 
+// idleTrim is how long a sink without new lines keeps the memory a burst
+// grew (its queue's arrays, the batch buffer) before it lets it go.
+const idleTrim = 2 * time.Second
+
+// keepBuf is the batch buffer's capacity an idle writer keeps.
+const keepBuf = 16 << 10
+
+// trim lets go of what a burst grew, once the sink is idle, and then
+// returns the burst's garbage (a string per line) to the OS: the agent
+// allocates little between bursts, so without a collection now the pages
+// would stay resident until the runtime's periodic GC, minutes later.
+func (w *writer) trim() {
+	big := w.s.queue.trim() || cap(w.buf) > keepBuf || cap(w.head) > keepBuf
+	if cap(w.buf) > keepBuf {
+		w.buf = nil
+	}
+	if cap(w.head) > keepBuf {
+		w.head = nil
+	}
+	if big {
+		releaseMemory()
+	}
+}
+
+// lastRelease is when releaseMemory last ran (UnixNano), shared by every
+// sink of the process.
+var lastRelease atomic.Int64
+
+// releaseMemory runs a GC and returns free memory to the OS, at most once
+// per releaseEvery for the whole process: a GC of the agent's small heap
+// takes about a millisecond.
+func releaseMemory() {
+	now, last := time.Now().UnixNano(), lastRelease.Load()
+	if now-last < int64(releaseEvery) || !lastRelease.CompareAndSwap(last, now) {
+		return
+	}
+	debug.FreeOSMemory()
+}
+
+const releaseEvery = 10 * time.Second
+
 // handle writes the lines queued before the request arrived, then acts on it.
 func (w *writer) handle(kind reqKind) error {
-	err := w.take(len(w.s.lines))
+	err := w.take()
 	if ferr := w.flush(); err == nil {
 		err = ferr
 	}
@@ -65,27 +112,24 @@ func (w *writer) handle(kind reqKind) error {
 	return err
 }
 
-// take formats up to limit queued lines without waiting for more, writing
-// whenever a batch is full. It returns the first write error.
-func (w *writer) take(limit int) error {
+// take formats the queued lines without waiting for more, writing whenever
+// a batch is full. It returns the first write error.
+func (w *writer) take() error {
 	var first error
-	for range limit {
-		select {
-		case l := <-w.s.lines:
-			if err := w.add(l); first == nil {
-				first = err
-			}
-		default:
-			return first
+	lines := w.s.queue.take()
+	for i := range lines {
+		if err := w.add(&lines[i]); first == nil {
+			first = err
 		}
 	}
+	w.s.queue.done(lines)
 	return first
 }
 
-func (w *writer) add(l Line) error {
+func (w *writer) add(l *Line) error {
 	w.s.queuedBytes.Add(-int64(len(l.Text)))
 	w.app = l.App
-	w.buf = appendLine(w.buf, w.s.opts.Format, &l)
+	w.buf = appendLine(w.buf, w.s.opts.Format, l)
 	if len(w.buf) >= batchBytes {
 		return w.flush()
 	}
@@ -180,14 +224,17 @@ func errText(err error) string {
 // and closes the File.
 func (w *writer) close() error {
 	deadline := time.Now().Add(drainTimeout)
-	for len(w.s.lines) > 0 && time.Now().Before(deadline) {
-		w.take(batchLines)
-	}
 	var left uint64
-	for len(w.s.lines) > 0 {
-		l := <-w.s.lines
-		w.s.queuedBytes.Add(-int64(len(l.Text)))
-		left++
+	for lines := w.s.queue.take(); len(lines) > 0; lines = w.s.queue.take() {
+		for i := range lines {
+			if left == 0 && (i%batchLines != 0 || time.Now().Before(deadline)) {
+				w.add(&lines[i])
+				continue
+			}
+			w.s.queuedBytes.Add(-int64(len(lines[i].Text)))
+			left++
+		}
+		w.s.queue.done(lines)
 	}
 	if left > 0 {
 		w.s.dropped.Add(left)
@@ -198,7 +245,7 @@ func (w *writer) close() error {
 	return w.f.Close()
 }
 
-// batchLines is how many lines close takes between looks at the clock.
+// batchLines is how many lines close writes between looks at the clock.
 const batchLines = 1024
 
 // signalRoom wakes the Writes waiting for room in the queue.
