@@ -76,6 +76,10 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer rt.busy.Unlock()
+	if err := a.canaryFits(rt, req.Canary); err != nil { // before the install and the before hook
+		writeErr(w, "deploy refused, nothing changed: ", err)
+		return
+	}
 	t := time.Now()
 	rel, err := install()
 	if err != nil {
@@ -292,4 +296,17 @@ func (a *Agent) handleReleases(w http.ResponseWriter, r *http.Request) {
 			SHA256: rel.SHA256, Size: rel.Size, Status: status})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// canaryFits refuses a --canary of n workers that rt could not hold now
+// (n = 0: no canary), so that a bad one changes nothing.
+func (a *Agent) canaryFits(rt *appRT, n int) error {
+	if n == 0 {
+		return nil
+	}
+	spec, err := a.specFor(rt.config(), rt.bound(), a.state.get(rt.name).Current)
+	if err != nil {
+		return nil // rollTo reports it
+	}
+	return rt.sup.CanaryFits(spec, n)
 }

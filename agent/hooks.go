@@ -8,7 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -215,12 +215,27 @@ func chownRelease(dir string, app *config.App) error {
 	if err != nil || cred == nil || os.Getuid() != 0 {
 		return err
 	}
-	return filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
-		if err != nil {
+	// Through an os.Root, and children before their folder: the app's
+	// user, owning a folder already, could swap an entry for a symlink to
+	// /etc; the root refuses any path that leaves dir.
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	var paths []string
+	if err := fs.WalkDir(root.FS(), ".", func(path string, _ fs.DirEntry, err error) error {
+		paths = append(paths, path)
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, p := range slices.Backward(paths) {
+		if err := root.Lchown(p, int(cred.Uid), int(cred.Gid)); err != nil {
 			return err
 		}
-		return os.Lchown(path, int(cred.Uid), int(cred.Gid))
-	})
+	}
+	return nil
 }
 
 // rollWithHooks runs rt's before hook in the folder of release version,

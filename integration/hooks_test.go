@@ -221,9 +221,22 @@ func TestCanaryDeployRunsAfterHookAtPromote(t *testing.T) {
 	if r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, "true"), "--version", "1.0.0"); r.Code != 0 {
 		t.Fatalf("deploy 1.0.0: exit %d\n%s", r.Code, r.Stderr)
 	}
+	// A --canary the app cannot hold is refused before the install and
+	// the before hook: nothing changed.
+	ran := filepath.Join(t.TempDir(), "before-ran")
+	r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "1.5.0", "touch "+ran, "true"), "--version", "1.5.0", "--canary", "2")
+	if r.Code != 2 || !strings.Contains(r.Stderr, "nothing changed") {
+		t.Errorf("deploy --canary 2 of a 2-worker app: exit %d, want 2 and nothing changed\n%s", r.Code, r.Stderr)
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Error("the before hook ran for a refused --canary")
+	}
+	if _, err := os.Stat(filepath.Join(a.Dir, "state", "releases", "web", "1.5.0")); err == nil {
+		t.Error("a deploy with a refused --canary installed its release")
+	}
 	marker := filepath.Join(t.TempDir(), "after-ran")
 	after := fmt.Sprintf(`echo "$DEPLOYD_RELEASE after $DEPLOYD_PREVIOUS_RELEASE" > %s`, marker)
-	r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "2.0.0", goodBefore, after), "--version", "2.0.0", "--canary", "1", "--json")
+	r = a.CLI("deploy", "web", "--artifact", hookRelease(t, "2.0.0", goodBefore, after), "--version", "2.0.0", "--canary", "1", "--json")
 	if res := lastResult(t, r); r.Code != 0 || res.Status != api.DeployHeld || len(res.Hooks) != 1 || res.Hooks[0].Hook != "before" {
 		t.Fatalf("deploy --canary 1: exit %d, result %+v, want held after the before hook alone\n%s", r.Code, res, r.Stderr)
 	}

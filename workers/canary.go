@@ -230,6 +230,16 @@ func (s *Supervisor) ReloadCanary(spec *Spec, strategy Strategy, c Canary, progr
 }
 
 // canaryFits checks that a canary of n slots can be held. Run by the loop.
+// CanaryFits says whether a canary of n workers on spec could hold now
+// (an error wrapping ErrBadCanary if not), so that a caller can refuse a bad
+// --canary before it changes anything (a deploy's install and before
+// hook). ReloadCanary checks again.
+func (s *Supervisor) CanaryFits(spec *Spec, n int) error {
+	var err error
+	s.read(func(st *state) { err = canaryFits(st, spec, n) })
+	return err
+}
+
 func canaryFits(st *state, spec *Spec, n int) error {
 	keep := min(len(st.slots), spec.Instances)
 	switch {
@@ -351,7 +361,11 @@ func (o *op) endHold(h *hold, end CanaryEnd) CanaryEnd {
 		if st.closing {
 			return
 		}
-		s.setApp(st, AppRunning, func() {
+		next := AppRunning
+		if st.app == AppErrored { // a slot crash-looped during the hold: restart clears it
+			next = AppErrored
+		}
+		s.setApp(st, next, func() {
 			if end.Outcome != CanaryPromoted {
 				st.spec = h.old
 			}
