@@ -23,7 +23,14 @@ type handoverHeader struct {
 	// RestartWorkers: the sender drains its workers itself (upgrade
 	// --restart-workers); no worker parcel follows.
 	RestartWorkers bool `json:"restart_workers,omitempty"`
+	// Workers is how many worker parcels follow (version 2 on): a stream
+	// cut short (the sender failed midway) makes the next agent give up
+	// rather than start its own workers beside the ones it did not get.
+	Workers int `json:"workers"`
 }
+
+// handoverVersion is the header's version; 2 added Workers.
+const handoverVersion = 2
 
 // workerParcel is the header of each following parcel.
 type workerParcel struct {
@@ -57,8 +64,7 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 		return nil, fmt.Errorf("pass the handover channel: %w", err)
 	}
 	h := &handing{mine: mine, theirs: theirs, sent: make(chan error, 1)}
-	hdr, _ := json.Marshal(handoverHeader{Version: 1, AgentPID: os.Getpid(), RestartWorkers: restart})
-	parcels := []handoff.Parcel{{Header: hdr}}
+	parcels := []handoff.Parcel{{}} // the header, once the count is known
 	var hos []*workers.Handover
 	if !restart {
 		for _, rt := range a.appList() {
@@ -80,9 +86,14 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 			}
 		}
 	}
+	parcels[0].Header, _ = json.Marshal(handoverHeader{Version: handoverVersion, AgentPID: os.Getpid(),
+		RestartWorkers: restart, Workers: len(parcels) - 1})
 	deadline := time.Now().Add(a.settings.UpgradeTimeout)
 	go func() {
 		err := handoff.SendParcels(mine, parcels, deadline)
+		if err != nil {
+			a.log.Error("upgrade: handover send failed", "error", err)
+		}
 		for _, w := range hos {
 			w.ReleaseFiles()
 		}
@@ -146,6 +157,13 @@ func (a *Agent) receiveHandover() (*received, error) {
 			closeAll(p.Files)
 		}
 		return nil, fmt.Errorf("handover channel: no header from the parent agent %d", os.Getppid())
+	}
+	if hdr.Version >= 2 && len(ps)-1 != hdr.Workers {
+		for _, p := range ps {
+			closeAll(p.Files)
+		}
+		return nil, fmt.Errorf("handover channel: %d of the %d workers the parent agent %d handed over arrived",
+			len(ps)-1, hdr.Workers, os.Getppid())
 	}
 	r.restart = hdr.RestartWorkers
 	for _, p := range ps[1:] {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net"
+	"time"
 
 	"github.com/cloudflare/tableflip"
 
@@ -51,8 +52,43 @@ func newFlip(s config.Agent) (upgrader, error) {
 
 func (f flip) Fds() fdStore                            { return f.u.Fds }
 func (f flip) Ready() error                            { return f.u.Ready() }
-func (f flip) Upgrade() error                          { return f.u.Upgrade() }
 func (f flip) Exit() <-chan struct{}                   { return f.u.Exit() }
 func (f flip) HasParent() bool                         { return f.u.HasParent() }
 func (f flip) WaitForParent(ctx context.Context) error { return f.u.WaitForParent(ctx) }
 func (f flip) Stop()                                   { f.u.Stop() }
+
+// errParentRunning is tableflip's refusal while its parent runs.
+const errParentRunning = "parent hasn't exited"
+
+func (f flip) Upgrade() error { return upgradeOnceParentGone(f.u, time.Second) }
+
+// handoffStarter is the part of *tableflip.Upgrader that Upgrade uses.
+type handoffStarter interface {
+	Upgrade() error
+	WaitForParent(ctx context.Context) error
+}
+
+// upgradeOnceParentGone asks u for a handoff. tableflip learns of its
+// parent's exit in its run loop, whose select may take an upgrade request
+// first: it then refuses with "parent hasn't exited" although WaitForParent
+// has returned (seen with upgrades ~40 ms apart on a loaded machine). That
+// refusal comes before any child starts, so once WaitForParent says the
+// parent is gone, ask again for up to bound. The loop polls: tableflip
+// gives no event for it.
+func upgradeOnceParentGone(u handoffStarter, bound time.Duration) error {
+	deadline := time.Now().Add(bound)
+	for {
+		err := u.Upgrade()
+		if err == nil || err.Error() != errParentRunning || time.Now().After(deadline) || !parentGone(u) {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// parentGone tells whether WaitForParent has seen the parent exit.
+func parentGone(u handoffStarter) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	return u.WaitForParent(ctx) == nil
+}

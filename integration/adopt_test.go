@@ -59,7 +59,7 @@ func upgradeBy(t *testing.T, a *Agent, kind string) time.Duration {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if Alive(old) {
-		t.Fatalf("old agent %d still alive 10s after the %s upgrade", old, kind)
+		t.Fatalf("old agent %d still alive 10s after the %s upgrade\n%s", old, kind, a.Log())
 	}
 	return d
 }

@@ -118,7 +118,7 @@ func (s *Supervisor) giveBack(w *Worker) {
 	if w.pz == nil {
 		return
 	}
-	pending := w.pz.pause()
+	pending, _ := w.pz.pause()
 	w.pz.release()
 	for name, b := range pending {
 		if len(b) > 0 {

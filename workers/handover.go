@@ -168,7 +168,11 @@ func (w *Worker) describe() *Handover {
 	if err != nil {
 		return nil
 	}
-	pending := w.pz.pause()
+	pending, ok := w.pz.pause()
+	if !ok { // it exited: its waiter closes its ends
+		nf.Close()
+		return nil
+	}
 	w.mu.Lock()
 	h := &Handover{Slot: w.Slot, PID: w.PID, StartTime: w.startTime, Generation: w.Generation,
 		Release: w.Release, Identity: w.spec.Identity(), Started: w.Started, ReadyAt: w.readyAt,

@@ -56,7 +56,6 @@ func prepareNode(spec *Spec, env []string, health *os.File) (*nodeStart, error) 
 func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
 	defer wg.Done()
 	defer close(w.node.done)
-	defer f.Close()
 	w.pz.run("node", func(pending []byte) ([]byte, error) {
 		return logs.CaptureFrom(f, pending, handoff.MaxNotifyMessage, func(line string) {
 			msg := handoff.ParseNotify([]byte(line))

@@ -23,6 +23,7 @@ type pauser struct {
 	cond     *sync.Cond
 	paused   bool
 	released bool
+	sealed   bool          // the worker's ends are closing (seal)
 	resumeCh chan struct{} // closed by resume or release
 	active   int           // readers reading (not parked, not ended)
 	pending  map[string][]byte
@@ -94,13 +95,18 @@ func (p *pauser) park(name string, rest []byte) bool {
 }
 
 // pause stops every reader at a read and returns the partial line each
-// holds, by reader name. Bytes not read yet stay in the channels.
-func (p *pauser) pause() map[string][]byte {
+// holds, by reader name. Bytes not read yet stay in the channels. It
+// reports false, doing nothing, once the worker's ends are closing (seal).
+func (p *pauser) pause() (map[string][]byte, bool) {
 	p.mu.Lock()
+	if p.sealed {
+		p.mu.Unlock()
+		return nil, false
+	}
 	if p.paused || p.released {
 		out := maps.Clone(p.pending)
 		p.mu.Unlock()
-		return out
+		return out, true
 	}
 	p.paused, p.resumeCh = true, make(chan struct{})
 	files := p.files
@@ -113,7 +119,27 @@ func (p *pauser) pause() map[string][]byte {
 	for p.active > 0 {
 		p.cond.Wait()
 	}
-	return maps.Clone(p.pending)
+	return maps.Clone(p.pending), true
+}
+
+// seal waits until no handoff holds the channels (between pause and
+// resume or release: their ends are being passed to the next agent, which
+// must get them open), then marks them closing: a later pause reports
+// false, so that a worker whose waiter closes its ends is not handed over.
+// The worker's waiter calls it before it closes them.
+func (p *pauser) seal() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.paused && !p.released {
+		ch := p.resumeCh
+		p.mu.Unlock()
+		<-ch
+		p.mu.Lock()
+	}
+	p.sealed = true
 }
 
 // resume lets the readers read on (a handoff failed).

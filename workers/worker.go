@@ -250,14 +250,19 @@ func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 				continue
 			}
 			// Closing the read ends ends the readers' blocked reads.
-			for _, p := range pipes {
-				p.Close()
-			}
+			w.pz.seal()
+			closeFiles(pipes...)
 			<-drained
 			wait = false
 		}
 	}
 	t.Stop()
+	// The readers leave their ends to this, and a handoff that passes
+	// them on (this worker died during it) holds them: closed earlier,
+	// the next agent would get closed or reused fds; once sealed, no
+	// handoff takes them.
+	w.pz.seal()
+	closeFiles(pipes...)
 	w.mu.Lock()
 	w.exitState, w.exitErr, w.exitedAt = st, err, exitedAt
 	w.mu.Unlock()
@@ -273,7 +278,6 @@ func (w *Worker) finish() {
 
 func (w *Worker) capture(wg *sync.WaitGroup, name string, r *os.File, sink *logs.Sink, stream, app string, ready ReadyPolicy) {
 	defer wg.Done()
-	defer r.Close()
 	matchReady := ready.Mode == ReadyLog && ready.Regex != nil
 	w.pz.run(name, func(pending []byte) ([]byte, error) {
 		return logs.CaptureFrom(r, pending, 0, func(text string) {
@@ -297,7 +301,6 @@ const maxIPCMessage = 1 << 20
 // as PM2's wait_ready does.
 func (w *Worker) readIPC(wg *sync.WaitGroup, f *os.File) {
 	defer wg.Done()
-	defer f.Close()
 	w.pz.run("ipc", func(pending []byte) ([]byte, error) {
 		return logs.CaptureFrom(f, pending, maxIPCMessage, func(msg string) {
 			if msg == `"ready"` {
