@@ -110,6 +110,22 @@ func (p *Pidfd) Wait() error {
 	})
 }
 
+// WaitChild waits for p, a child of the caller, to exit and reaps it, with
+// p.Wait's *os.ProcessState (exit status, rusage). The wait is a pidfd in
+// Go's poller: no OS thread is blocked in waitid while the worker runs (one
+// per worker otherwise). p.Wait then finds a zombie and returns at once.
+// Without pidfds (Linux < 5.3, a seccomp filter) it is p.Wait alone.
+func WaitChild(p *os.Process) (*os.ProcessState, error) {
+	// A child cannot be reaped by anyone else, so its pid stays its own
+	// until p.Wait: the pidfd cannot name another process.
+	if fd, err := unix.PidfdOpen(p.Pid, unix.PIDFD_NONBLOCK); err == nil {
+		pf := &Pidfd{pid: p.Pid, f: os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(p.Pid))}
+		_ = pf.Wait() // on an error, p.Wait below blocks instead
+		pf.Close()
+	}
+	return p.Wait()
+}
+
 // Signal sends sig to the process itself (never to a reused pid).
 func (p *Pidfd) Signal(sig syscall.Signal) error {
 	raw, err := p.f.SyscallConn()

@@ -2,8 +2,11 @@ package handoff
 
 import (
 	"errors"
+	"io"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -89,5 +92,103 @@ func TestParcelsCarryFilesInOrder(t *testing.T) {
 	}
 	for _, f := range ps[1].Files {
 		f.Close()
+	}
+}
+
+// threads is the number of OS threads of the test process.
+func threads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no Threads: line in /proc/self/status")
+	return 0
+}
+
+// WaitChild keeps p.Wait's report (exit code, signal, rusage, pid) and
+// blocks no OS thread while the children run: with one thread per waiting
+// child, n children would add about n threads.
+func TestWaitChildReportsExitWithoutAThreadEach(t *testing.T) {
+	const n = 16
+	type result struct {
+		st  *os.ProcessState
+		err error
+		at  time.Time
+	}
+	before := threads(t)
+	cmds := make([]*exec.Cmd, n)
+	stdins := make([]io.WriteCloser, n)
+	results := make([]chan result, n)
+	for i := range cmds {
+		// Exits with 7 when its stdin closes (at the latest when the test ends).
+		cmds[i] = exec.Command("sh", "-c", "read _; exit 7")
+		in, err := cmds[i].StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdins[i] = in
+		defer in.Close()
+		if err := cmds[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmds[i].Process.Kill()
+		results[i] = make(chan result, 1)
+		go func(p *os.Process, c chan<- result) {
+			st, err := WaitChild(p)
+			c <- result{st, err, time.Now()}
+		}(cmds[i].Process, results[i])
+	}
+	// A thread blocked in waitid per child shows within milliseconds (the
+	// runtime hands the P to a new thread): watch for a second.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if got := threads(t); got >= before+n/2 {
+			t.Fatalf("%d threads while %d children are waited for, %d before: a thread blocks per wait", got, n, before)
+		}
+	}
+	for i := range results {
+		select {
+		case r := <-results[i]:
+			t.Fatalf("child %d: WaitChild returned while it runs: %v %v", i, r.st, r.err)
+		default:
+		}
+	}
+	// Half exit with a status, half are killed.
+	for i := range cmds {
+		start := time.Now()
+		want := "exit status 7"
+		if i%2 == 0 {
+			stdins[i].Close()
+		} else {
+			want = "signal: killed"
+			if err := syscall.Kill(cmds[i].Process.Pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var r result
+		select {
+		case r = <-results[i]:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("child %d: WaitChild did not return within 5s of its exit", i)
+		}
+		if r.err != nil {
+			t.Fatalf("child %d: %v", i, r.err)
+		}
+		if r.st.String() != want || r.st.Pid() != cmds[i].Process.Pid || !r.st.Exited() == (i%2 == 0) {
+			t.Errorf("child %d (pid %d): %q pid %d exited=%v, want %q", i, cmds[i].Process.Pid, r.st, r.st.Pid(), r.st.Exited(), want)
+		}
+		if ru, ok := r.st.SysUsage().(*syscall.Rusage); !ok || ru == nil || ru.Maxrss == 0 {
+			t.Errorf("child %d: no rusage: %#v", i, r.st.SysUsage())
+		}
+		t.Logf("child %d: %s, reaped %v after its end was asked", i, r.st, r.at.Sub(start).Round(time.Microsecond))
 	}
 }

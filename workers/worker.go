@@ -199,11 +199,12 @@ func (w *Worker) signal(sig syscall.Signal) {
 // previous agent, or init after it) can read its status.
 var errAdoptedExit = errors.New("exited; status unknown: started by the previous agent")
 
-// reap waits for the process to exit: wait(2) for our child, a pidfd poll
-// for an adopted one.
+// reap waits for the process to exit: a pidfd poll then wait(2) for our
+// child (its exit status), a pidfd poll for an adopted one. Neither holds
+// an OS thread while the worker runs.
 func (w *Worker) reap() (*os.ProcessState, error) {
 	if w.pidfd == nil {
-		return w.proc.Wait()
+		return handoff.WaitChild(w.proc)
 	}
 	err := w.pidfd.Wait()
 	w.pidfd.Close()
