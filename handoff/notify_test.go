@@ -211,20 +211,30 @@ func TestNotifySocketOwnedByWorkerUser(t *testing.T) {
 	if err := unix.Stat(s.Addr(), &st); err != nil || st.Uid != workerUID || st.Mode&0o777 != 0o600 {
 		t.Errorf("socket stat: uid %d mode %o (%v); want uid %d mode 600", st.Uid, st.Mode&0o777, err, workerUID)
 	}
-	if err := unix.Stat(filepath.Dir(s.Addr()), &st); err != nil || st.Uid != workerUID || st.Mode&0o777 != 0o700 {
-		t.Errorf("socket folder stat: uid %d mode %o (%v); want uid %d mode 700", st.Uid, st.Mode&0o777, err, workerUID)
+	// The folder stays root's: the worker's user passes through it but
+	// cannot plant anything there (a symlink at "health" would have
+	// the root agent chown and chmod what it points to).
+	folder := filepath.Dir(s.Addr())
+	if err := unix.Stat(folder, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o711 {
+		t.Errorf("socket folder stat: uid %d mode %o (%v); want uid 0 mode 711", st.Uid, st.Mode&0o777, err)
 	}
 	ch := serveNotify(t, s)
-	send := func(uid uint32) error {
+	runAs := func(uid uint32, env ...string) error {
 		cmd := exec.Command(exe)
-		cmd.Env = []string{helperEnv + "=notify-send", noRaceExitSleep,
-			EnvNotifySocket + "=" + s.Addr(), "NOTIFY_MESSAGE=READY=1"}
+		cmd.Env = append([]string{noRaceExitSleep}, env...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%w: %s", err, out)
 		}
 		return nil
+	}
+	send := func(uid uint32) error {
+		return runAs(uid, helperEnv+"=notify-send", EnvNotifySocket+"="+s.Addr(), "NOTIFY_MESSAGE=READY=1")
+	}
+	target := filepath.Join(dir, "target")
+	if err := runAs(workerUID, helperEnv+"=symlink", "SYMLINK_TARGET="+target, "SYMLINK_AT="+filepath.Join(folder, "health")); err == nil {
+		t.Errorf("the worker's user planted a symlink in its notify folder %s", folder)
 	}
 	if err := send(otherUID); err == nil {
 		t.Errorf("uid %d could send to uid %d's notify socket", otherUID, workerUID)
