@@ -78,10 +78,11 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Str
 	c := canaryOf(rt.config(), n, func(e workers.CanaryEnd) {
 		if e.Outcome == workers.CanaryPromoted {
 			a.rollServing(rt, version, prev, &api.DeployResult{})
-			// The after hook runs once the release serves everywhere; its
-			// outcome goes to the agent's and the app's logs.
+			// The after hook runs once the release serves everywhere, in
+			// the promote's result when a promote asked (endCanary), and
+			// in the agent's and the app's logs.
 			if h := a.hookFor(rt.config(), "after", "deploy", version, prev); h != nil {
-				go a.runHook(rt, rt.config(), h, nil)
+				a.queueAfter(rt, h)
 			}
 		} else {
 			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
@@ -151,6 +152,9 @@ func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
 		end, err = rt.sup.Abort(st.event)
 	}
 	res := canaryResult(rt.name, end, err)
+	if res.Outcome == api.OutcomePromoted {
+		res.Hooks = a.runQueuedAfter(rt, st) // a deployed canary's after hook
+	}
 	res.DurationSeconds = time.Since(t).Seconds()
 	if s.Canary == nil && res.CanaryEnd != nil {
 		res.CanaryEnd.Already = true
