@@ -160,8 +160,14 @@ func TestLivenessReplacesHungWorker(t *testing.T) {
 	if st.Workers[0].HealthReplacements != 1 || st.Workers[1].HealthReplacements != 0 {
 		t.Errorf("health replacements %d, %d; want 1, 0", st.Workers[0].HealthReplacements, st.Workers[1].HealthReplacements)
 	}
-	if run, total := old[0].healthFailures(); run < 3 || total < 3 {
+	run, total := old[0].healthFailures()
+	if run < 3 || total < 3 {
 		t.Errorf("the replaced worker's failures %d (total %d), want at least 3", run, total)
+	}
+	// The app's count keeps the replaced worker's failures (the others
+	// are healthy: none).
+	if got := s.Counters().HealthCheckFailures; got != uint64(total) {
+		t.Errorf("Counters().HealthCheckFailures = %d after the replacement, want the replaced worker's %d", got, total)
 	}
 }
 
