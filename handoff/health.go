@@ -74,10 +74,11 @@ func listenHealth(addr string, uid int, afterBind func()) (*os.File, error) {
 
 // HealthPresent tells whether a health socket is bound at addr: how a next
 // agent tells an adopted worker that got one from one that did not (it
-// was started before health checks were configured).
+// was started before health checks were configured). A symlink is not one
+// (the agent would probe what it points to).
 func HealthPresent(addr string) bool {
 	if !strings.HasPrefix(addr, "@") {
-		fi, err := os.Stat(addr)
+		fi, err := os.Lstat(addr)
 		return err == nil && fi.Mode()&os.ModeSocket != 0
 	}
 	c, err := net.DialTimeout("unix", addr, time.Second)

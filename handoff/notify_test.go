@@ -362,3 +362,55 @@ func TestRemoveStaleNotify(t *testing.T) {
 		t.Errorf("the live socket was removed: %v", err)
 	}
 }
+
+// A worker adopted from an older agent, which gave the notify folder to
+// the worker's user: the folder becomes the agent's again (when root),
+// and a symlink planted as its health socket is not taken for one (the
+// agent would probe the socket it points to).
+func TestAdoptedNotifyFolderReclaimed(t *testing.T) {
+	const workerUID = 65534
+	dir := shortDir(t)
+	folder := filepath.Join(dir, "notify", "0123abcd")
+	if err := os.MkdirAll(folder, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	root := os.Geteuid() == 0
+	if root {
+		if err := os.Chown(folder, workerUID, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(folder, "notify"), Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	other, err := net.Listen("unix", filepath.Join(dir, "other.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := os.Symlink(filepath.Join(dir, "other.sock"), filepath.Join(folder, "health")); err != nil {
+		t.Fatal(err)
+	}
+	f, err := conn.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NotifyFromFile(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if addr := HealthAddr(s.Addr()); HealthPresent(addr) {
+		t.Errorf("HealthPresent(%s) = true for a symlink to another socket", addr)
+	}
+	if !root {
+		return
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(folder, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o711 {
+		t.Errorf("adopted notify folder: uid %d mode %o (%v); want uid 0 mode 711", st.Uid, st.Mode&0o777, err)
+	}
+}
