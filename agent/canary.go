@@ -134,11 +134,16 @@ func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
 		writeError(w, api.KindNoCanary.HTTPStatus(), noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
 		return
 	}
-	if !rt.busy.TryLock() {
+	// A hold that ended already needs no lock to be told: the lock may be
+	// held by the after hook of a hold that canary_timeout promoted.
+	locked := rt.busy.TryLock()
+	if !locked && s.Canary != nil {
 		writeError(w, http.StatusConflict, busyMessage(rt.name))
 		return
 	}
-	defer rt.busy.Unlock()
+	if locked {
+		defer rt.busy.Unlock()
+	}
 	st := newStream(w)
 	t := time.Now()
 	var end workers.CanaryEnd
@@ -152,7 +157,7 @@ func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
 		end, err = rt.sup.Abort(st.event)
 	}
 	res := canaryResult(rt.name, end, err)
-	if res.Outcome == api.OutcomePromoted {
+	if res.Outcome == api.OutcomePromoted && locked {
 		res.Hooks = a.runQueuedAfter(rt, st) // a deployed canary's after hook
 	}
 	res.DurationSeconds = time.Since(t).Seconds()

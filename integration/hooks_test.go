@@ -291,6 +291,10 @@ func TestPromotedCanaryAfterHookIsWaitedFor(t *testing.T) {
 			_, err := os.Stat(started)
 			return err == nil
 		})
+		// Meanwhile promote tells how the hold ended, not that the app is busy.
+		if r := a.CLI("promote", "web"); r.Code != 0 || !strings.Contains(r.Stderr, "promoted already") || !strings.Contains(r.Stderr, "canary_timeout") {
+			t.Errorf("promote while the after hook runs: exit %d, want 0 and promoted already by canary_timeout\n%s", r.Code, r.Stderr)
+		}
 		v, err := a.Client.Version(t.Context())
 		if err != nil {
 			t.Fatal(err)
