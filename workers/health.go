@@ -166,13 +166,13 @@ func (w *Worker) watchHealth(ctx context.Context, h HealthPolicy, failed *atomic
 		if err == nil {
 			w.health.fails, w.health.last = 0, ""
 		} else {
+			if failed != nil {
+				failed.Add(1) // under mu: a total read later is counted in failed
+			}
 			w.health.fails++
 			w.health.total++
 			w.health.last = err.Error()
 		}
 		w.mu.Unlock()
-		if err != nil && failed != nil {
-			failed.Add(1)
-		}
 	}
 }
