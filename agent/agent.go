@@ -75,6 +75,7 @@ type Agent struct {
 	quiet        atomic.Bool    // a new agent that has not taken over: leave the previous one's sockets alone
 	upgrading    sync.Mutex     // held while an upgrade runs
 	upgWG        sync.WaitGroup // SIGHUP upgrades in flight
+	hooks        afterHooks     // after hooks running or queued (afterhook.go)
 
 	state    *stateFile
 	releases *release.Store
@@ -221,6 +222,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 // shutdown) it also removes the socket files; after a handoff the new agent
 // serves them.
 func (a *Agent) teardown(handedOff, removeFiles bool) {
+	a.hooks.close() // after hooks end (each within after_timeout) before their app's workers stop
 	a.upgWG.Wait()
 	eachApp(a.appList(), func(rt *appRT) {
 		if handedOff {

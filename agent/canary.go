@@ -78,10 +78,11 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Str
 	c := canaryOf(rt.config(), n, func(e workers.CanaryEnd) {
 		if e.Outcome == workers.CanaryPromoted {
 			a.rollServing(rt, version, prev, &api.DeployResult{})
-			// The after hook runs once the release serves everywhere; its
-			// outcome goes to the agent's and the app's logs.
+			// The after hook runs once the release serves everywhere, in
+			// the promote's result when a promote asked (endCanary), and
+			// in the agent's and the app's logs.
 			if h := a.hookFor(rt.config(), "after", "deploy", version, prev); h != nil {
-				go a.runHook(rt, rt.config(), h, nil)
+				a.queueAfter(rt, h)
 			}
 		} else {
 			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
@@ -133,11 +134,16 @@ func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
 		writeError(w, api.KindNoCanary.HTTPStatus(), noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
 		return
 	}
-	if !rt.busy.TryLock() {
+	// A hold that ended already needs no lock to be told: the lock may be
+	// held by the after hook of a hold that canary_timeout promoted.
+	locked := rt.busy.TryLock()
+	if !locked && s.Canary != nil {
 		writeError(w, http.StatusConflict, busyMessage(rt.name))
 		return
 	}
-	defer rt.busy.Unlock()
+	if locked {
+		defer rt.busy.Unlock()
+	}
 	st := newStream(w)
 	t := time.Now()
 	var end workers.CanaryEnd
@@ -151,6 +157,9 @@ func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
 		end, err = rt.sup.Abort(st.event)
 	}
 	res := canaryResult(rt.name, end, err)
+	if res.Outcome == api.OutcomePromoted && locked {
+		res.Hooks = a.runQueuedAfter(rt, st) // a deployed canary's after hook
+	}
 	res.DurationSeconds = time.Since(t).Seconds()
 	if s.Canary == nil && res.CanaryEnd != nil {
 		res.CanaryEnd.Already = true

@@ -61,9 +61,19 @@ func (a *Agent) hookFor(app *config.App, name, op, version, previous string) *ho
 
 // runHook runs h as rt's app user in the release folder, its output
 // going to the app's log (slot -1, each line prefixed "hook NAME: ") and
-// its last lines to the result. It announces its start and end on st.
+// its last lines to the result. It announces its start and end on st. An
+// after hook counts in a.hooks (a shutdown or upgrade waits for it), and
+// none starts once the agent stops.
 func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, st *stream) api.HookResult {
 	res := api.HookResult{Hook: h.name, Command: h.argv}
+	if h.name == "after" {
+		if !a.hooks.enter() {
+			res.ExitStatus, res.Error = "not started", "after hook not run: the agent is stopping"
+			a.log.Error("hook not run: the agent is stopping", "app", rt.name, "hook", h.name, "version", h.version)
+			return res
+		}
+		defer a.hooks.leave()
+	}
 	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
 		Release: h.version, Message: h.name + " hook started: " + strings.Join(h.argv, " ")}})
 	t := time.Now()
@@ -240,7 +250,7 @@ func chownRelease(dir string, app *config.App) error {
 
 // rollWithHooks runs rt's before hook in the folder of release version,
 // rolls rt to it (rollTo), then runs the after hook once it serves (for a
-// canary: when it is promoted, deployCanary). A
+// canary: when it is promoted, deployCanary and queueAfter). A
 // before hook that fails refuses the operation: no worker changed, and a
 // release folder this deploy created (created) is removed again.
 func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strategy workers.Strategy, canary int,

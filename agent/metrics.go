@@ -123,6 +123,8 @@ var families = [][3]string{
 	{"deployd_app_reload_duration_seconds", "histogram", "How long reloads took."},
 	{"deployd_app_log_lines_dropped_total", "counter",
 		"Output lines of the app's workers the agent could not write to its log files."},
+	{"deployd_app_health_check_failures_total", "counter",
+		"Failed liveness checks ([apps.NAME.health]) of the app's workers, replaced ones included."},
 	{"deployd_worker_info", "gauge", "A worker process (value 1) with its release, generation and state."},
 	{"deployd_worker_resident_memory_bytes", "gauge", "Resident memory of the worker process."},
 	{"deployd_worker_cpu_seconds_total", "counter", "User and system CPU time of the worker process."},
@@ -186,6 +188,7 @@ func (c *collector) collectApp(e *exposition, rt *appRT) {
 	e.add("deployd_app_desired_workers", "", float64(st.Instances), "app", name)
 	e.add("deployd_app_restarts_total", "", float64(ctr.Restarts), "app", name)
 	e.add("deployd_app_log_lines_dropped_total", "", float64(st.DroppedLogLines), "app", name)
+	e.add("deployd_app_health_check_failures_total", "", float64(ctr.HealthCheckFailures), "app", name)
 	var count uint64
 	for _, o := range []string{workers.ReloadDone, workers.ReloadAbandoned, workers.ReloadFailed} {
 		e.add("deployd_app_reloads_total", "", float64(ctr.Reloads[o]), "app", name, "outcome", o)

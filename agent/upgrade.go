@@ -44,6 +44,9 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	if err := a.heldApp(); err != nil {
 		return nil, err
 	}
+	if err := a.waitHooks(ctx); err != nil {
+		return nil, err
+	}
 	res := &api.UpgradeResult{OldVersion: version.String(), OldPID: os.Getpid(), NewVersion: version.String()}
 	if err := a.waitParent(ctx); err != nil {
 		return nil, err

@@ -40,11 +40,12 @@ func promoteCommand() *cli.Command {
 		Description: "Ends the hold that `reload --canary N` or `deploy --canary N` started: the other\n" +
 			"workers move to the canary's release, rolling and readiness-gated like a reload (the\n" +
 			"canaries stay). If a new worker is not ready or exits, every worker, the canaries too,\n" +
-			"goes back to the previous release.\n\n" +
+			"goes back to the previous release. For a deployed canary the app's after hook then runs\n" +
+			"(a failing one is a WARNING, the release serves: exit 0).\n\n" +
 			"Exit codes: 0 promoted (also when the hold was promoted already, e.g. by canary_timeout),\n" +
 			"1 the promote failed (previous release serving) or no canary is held (the message says how\n" +
 			"the last one ended: a canary that crashed aborts by itself), 3 agent unreachable.\n" +
-			"--json prints events, then {\"ok\",\"apps\":[{\"outcome\":\"promoted\",\"canary_end\":{...}}]}.\n\n" +
+			"--json prints events, then {\"ok\",\"apps\":[{\"outcome\":\"promoted\",\"canary_end\":{...},\"hooks\":[...]}]}.\n\n" +
 			"Example (CI): deployd deploy web --artifact web.tar.gz --canary 1 && ./check-metrics &&\n" +
 			"  deployd promote web || deployd abort web",
 		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D` (the promote goes on in the agent)"}),
@@ -134,6 +135,14 @@ func printCanaryEnd(w io.Writer, a api.AppResult, d time.Duration) {
 		fmt.Fprint(w, ")")
 	}
 	fmt.Fprintln(w)
+	for _, h := range a.Hooks {
+		if !h.OK {
+			fmt.Fprintf(w, "%s: WARNING: %s; the release serves (a failed after hook is not undone)\n", a.App, h.Error)
+			for _, l := range h.LastLines {
+				fmt.Fprintf(w, "  | %s\n", l)
+			}
+		}
+	}
 }
 
 // slots words slot numbers: "worker 0", "workers 0, 1".

@@ -34,50 +34,51 @@ func HealthAddr(notifyAddr string) string {
 // abstract) for one worker's health checks, and returns it as a blocking
 // file to pass to the worker (as every inherited listener, it is the
 // worker's: the agent closes its copy once the worker started, and dials
-// addr to probe). A path socket becomes mode 0600 owned by uid (when uid >=
-// 0 and the agent runs as another user), like the notify socket beside it;
-// the notify socket's Close removes its folder and so this socket too.
+// addr to probe). A path socket is bound with mode 0600 and then owned by
+// uid (when uid >= 0 and the agent runs as another user), like the notify
+// socket beside it, in a folder only root may write (ListenNotify); even
+// so neither step follows a symlink at addr. The notify socket's Close
+// removes its folder and so this socket too.
 func ListenHealth(addr string, uid int) (*os.File, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	return listenHealth(addr, uid, nil)
+}
+
+// listenHealth is ListenHealth; afterBind (tests) runs between the bind
+// and the chown, where a user who could write the folder would strike.
+func listenHealth(addr string, uid int, afterBind func()) (*os.File, error) {
+	abstract := strings.HasPrefix(addr, "@")
+	fd, err := bindUnix(unix.SOCK_STREAM, addr, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("health socket: %w", err)
-	}
-	name := addr
-	if strings.HasPrefix(addr, "@") {
-		name = "\x00" + addr[1:]
+		return nil, fmt.Errorf("health socket %s: %w", addr, err)
 	}
 	fail := func(what string, err error) (*os.File, error) {
 		unix.Close(fd)
-		if !strings.HasPrefix(addr, "@") {
+		if !abstract {
 			os.Remove(addr)
 		}
-		return nil, fmt.Errorf("health socket %s: %s: %w", addr, what, err)
+		return nil, fmt.Errorf("health socket %s: %s%w", addr, what, err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: name}); err != nil {
-		return fail("bind", err)
+	if afterBind != nil {
+		afterBind()
 	}
-	if !strings.HasPrefix(addr, "@") {
-		if uid >= 0 && uid != os.Geteuid() {
-			if err := os.Chown(addr, uid, -1); err != nil {
-				return fail(fmt.Sprintf("chown to uid %d", uid), err)
-			}
-		}
-		if err := os.Chmod(addr, 0o600); err != nil {
-			return fail("chmod", err)
+	if !abstract {
+		if err := ownSocket(addr, uid); err != nil {
+			return fail("", err)
 		}
 	}
 	if err := unix.Listen(fd, healthBacklog); err != nil {
-		return fail("listen", err)
+		return fail("listen: ", err)
 	}
 	return os.NewFile(uintptr(fd), "health:"+addr), nil
 }
 
 // HealthPresent tells whether a health socket is bound at addr: how a next
 // agent tells an adopted worker that got one from one that did not (it
-// was started before health checks were configured).
+// was started before health checks were configured). A symlink is not one
+// (the agent would probe what it points to).
 func HealthPresent(addr string) bool {
 	if !strings.HasPrefix(addr, "@") {
-		fi, err := os.Stat(addr)
+		fi, err := os.Lstat(addr)
 		return err == nil && fi.Mode()&os.ModeSocket != 0
 	}
 	c, err := net.DialTimeout("unix", addr, time.Second)

@@ -7,7 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestHealthAddr(t *testing.T) {
@@ -90,5 +93,45 @@ func TestListenHealthAbstract(t *testing.T) {
 	c.Close()
 	if !HealthPresent(addr) {
 		t.Errorf("HealthPresent(%q) = false, want true", addr)
+	}
+}
+
+// A symlink swapped in for the health socket between its bind and its
+// chown (by a user who could write the folder) is refused, and what it
+// points to keeps its owner and mode: the root agent neither chowns nor
+// chmods through it.
+func TestListenHealthFollowsNoSymlink(t *testing.T) {
+	dir := shortDir(t)
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("root's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	uid := -1
+	if os.Geteuid() == 0 {
+		uid = 65534
+	}
+	addr := filepath.Join(dir, "health")
+	plant := func() {
+		if err := os.Remove(addr); err != nil {
+			t.Error(err)
+		}
+		if err := os.Symlink(target, addr); err != nil {
+			t.Error(err)
+		}
+	}
+	hf, err := listenHealth(addr, uid, plant)
+	if err == nil {
+		hf.Close()
+		t.Errorf("listenHealth with a symlink planted at %s succeeded; want an error", addr)
+	} else if !strings.Contains(err.Error(), "replaced") {
+		t.Errorf("error %q does not say the socket was replaced", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(target, &st); err != nil || st.Uid != uint32(os.Geteuid()) || st.Mode&0o777 != 0o644 {
+		t.Errorf("the symlink's target: uid %d mode %o (%v); want uid %d mode 644, untouched",
+			st.Uid, st.Mode&0o777, err, os.Geteuid())
+	}
+	if _, err := os.Lstat(addr); !os.IsNotExist(err) {
+		t.Errorf("%s is left behind after the refusal (%v)", addr, err)
 	}
 }

@@ -31,6 +31,17 @@ const helperLifetime = 20 * time.Second
 var helpers = map[string]func() int{
 	"print-env":   helperPrintEnv,
 	"notify-send": helperNotifySend,
+	"symlink":     helperSymlink,
+}
+
+// helperSymlink makes a symlink at $SYMLINK_AT to $SYMLINK_TARGET: what a
+// worker's user would plant for the root agent to follow.
+func helperSymlink() int {
+	if err := os.Symlink(os.Getenv("SYMLINK_TARGET"), os.Getenv("SYMLINK_AT")); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }
 
 // The parent-death signal is a per-thread attribute that only the thread

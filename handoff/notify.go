@@ -55,9 +55,12 @@ const maxSunPath = 107
 // ListenNotify opens the unixgram socket for one worker's NOTIFY_SOCKET: a
 // file path, as systemd's own /run/systemd/notify, because common sd_notify
 // clients (Ruby's sd_notify gem, used by Puma) cannot reach abstract
-// sockets. The socket is base/<random>/notify; its folder (mode 0700) and
-// the socket (mode 0600) belong to uid when uid >= 0 and the agent may
-// chown (root), so only the worker's user (and root) can reach it. Close
+// sockets. The socket is base/<random>/notify, mode 0600, owned by uid when
+// uid >= 0 and the agent may chown (root), so only the worker's user (and
+// root) can send to it. Its folder stays the agent's (mode 0711: anyone may
+// pass through, only the agent may write), so the worker's user cannot
+// plant a symlink beside the socket for the root agent to chown or chmod
+// through (the health socket, ListenHealth, is bound there later). Close
 // removes both. Where no path can be made (base is "", cannot be created,
 // or the path is too long for a socket address), it falls back to an
 // abstract "@deployd/..." socket and Fallback says why.
@@ -104,7 +107,8 @@ func RemoveStaleNotify(base string) {
 	}
 }
 
-// listenNotifyPath makes base/name/notify, owned by uid.
+// listenNotifyPath makes base/name/notify, owned by uid, in a folder of
+// the agent's.
 func listenNotifyPath(base, name string, uid int) (*NotifySocket, error) {
 	dir := filepath.Join(base, name)
 	path := filepath.Join(dir, "notify")
@@ -116,15 +120,20 @@ func listenNotifyPath(base, name string, uid int) (*NotifySocket, error) {
 		return nil, fmt.Errorf("notify folder: %w", err)
 	}
 	_ = os.Chmod(base, 0o711) // whatever the agent's umask (best effort: base may not be ours)
+	// 0700 until the socket is the worker's user's, then 0711 (dir is a
+	// fresh name in base, which only the agent writes: no one swaps it).
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("notify folder: %w", err)
 	}
 	s, err := listenNotifyAt(path)
 	if err == nil {
 		s.dir = dir
-		err = ownNotify(dir, path, uid)
+		if err = ownSocket(path, uid); err == nil {
+			err = os.Chmod(dir, 0o711)
+		}
 		if err != nil {
 			s.Close()
+			err = fmt.Errorf("notify socket %s: %w", path, err)
 		}
 	}
 	if err != nil {
@@ -134,41 +143,29 @@ func listenNotifyPath(base, name string, uid int) (*NotifySocket, error) {
 	return s, nil
 }
 
-// ownNotify hands the socket and its folder to uid (when the agent runs
-// as another user, i.e. as root) and makes the socket 0600.
-func ownNotify(dir, path string, uid int) error {
-	if uid >= 0 && uid != os.Geteuid() {
-		for _, p := range []string{dir, path} {
-			if err := os.Chown(p, uid, -1); err != nil {
-				return fmt.Errorf("notify socket: chown to uid %d: %w", uid, err)
-			}
-		}
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		return fmt.Errorf("notify socket: %w", err)
-	}
-	return nil
-}
-
-// listenNotifyAt binds addr ("@..." is abstract) with SO_PASSCRED on.
+// listenNotifyAt binds addr ("@..." is abstract; a path gets mode 0600)
+// with SO_PASSCRED on.
 func listenNotifyAt(addr string) (*NotifySocket, error) {
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: addr, Net: "unixgram"})
-	if err != nil {
-		return nil, fmt.Errorf("notify socket: %w", err)
-	}
-	raw, err := conn.SyscallConn()
+	fd, err := bindUnix(unix.SOCK_DGRAM, addr, 0o600)
 	if err == nil {
-		var serr error
-		err = raw.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
-		})
-		if err == nil {
-			err = serr
+		if err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+			unix.Close(fd)
+			err = fmt.Errorf("SO_PASSCRED: %w", err)
 		}
 	}
 	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("notify socket: SO_PASSCRED: %w", err)
+		return nil, fmt.Errorf("notify socket %s: %w", addr, err)
+	}
+	f := os.NewFile(uintptr(fd), "notify:"+addr)
+	c, err := net.FilePacketConn(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("notify socket %s: %w", addr, err)
+	}
+	conn, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("notify socket %s: a %T, not a unix socket", addr, c)
 	}
 	return &NotifySocket{conn: conn, addr: addr}, nil
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // File returns a copy of the socket's fd, to pass to the next agent with a
@@ -42,6 +44,21 @@ func NotifyFromFile(f *os.File) (*NotifySocket, error) {
 	s := &NotifySocket{conn: uc, addr: addr}
 	if addr != "" && addr[0] != '@' {
 		s.dir = filepath.Dir(addr) // removed by Close once the adopted worker is gone
+		reclaimFolder(s.dir)
 	}
 	return s, nil
+}
+
+// reclaimFolder makes a notify folder that an older agent gave to the
+// worker's user the agent's again (mode 0711), so that the worker's
+// user can plant nothing more there (best effort: it needs root). dir is
+// a name in the agent's base folder: no one else can swap it.
+func reclaimFolder(dir string) {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) == os.Geteuid() {
+		return
+	}
+	if os.Geteuid() == 0 && unix.Lchown(dir, 0, -1) == nil {
+		_ = os.Chmod(dir, 0o711)
+	}
 }

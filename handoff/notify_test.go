@@ -211,20 +211,30 @@ func TestNotifySocketOwnedByWorkerUser(t *testing.T) {
 	if err := unix.Stat(s.Addr(), &st); err != nil || st.Uid != workerUID || st.Mode&0o777 != 0o600 {
 		t.Errorf("socket stat: uid %d mode %o (%v); want uid %d mode 600", st.Uid, st.Mode&0o777, err, workerUID)
 	}
-	if err := unix.Stat(filepath.Dir(s.Addr()), &st); err != nil || st.Uid != workerUID || st.Mode&0o777 != 0o700 {
-		t.Errorf("socket folder stat: uid %d mode %o (%v); want uid %d mode 700", st.Uid, st.Mode&0o777, err, workerUID)
+	// The folder stays root's: the worker's user passes through it but
+	// cannot plant anything there (a symlink at "health" would have
+	// the root agent chown and chmod what it points to).
+	folder := filepath.Dir(s.Addr())
+	if err := unix.Stat(folder, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o711 {
+		t.Errorf("socket folder stat: uid %d mode %o (%v); want uid 0 mode 711", st.Uid, st.Mode&0o777, err)
 	}
 	ch := serveNotify(t, s)
-	send := func(uid uint32) error {
+	runAs := func(uid uint32, env ...string) error {
 		cmd := exec.Command(exe)
-		cmd.Env = []string{helperEnv + "=notify-send", noRaceExitSleep,
-			EnvNotifySocket + "=" + s.Addr(), "NOTIFY_MESSAGE=READY=1"}
+		cmd.Env = append([]string{noRaceExitSleep}, env...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%w: %s", err, out)
 		}
 		return nil
+	}
+	send := func(uid uint32) error {
+		return runAs(uid, helperEnv+"=notify-send", EnvNotifySocket+"="+s.Addr(), "NOTIFY_MESSAGE=READY=1")
+	}
+	target := filepath.Join(dir, "target")
+	if err := runAs(workerUID, helperEnv+"=symlink", "SYMLINK_TARGET="+target, "SYMLINK_AT="+filepath.Join(folder, "health")); err == nil {
+		t.Errorf("the worker's user planted a symlink in its notify folder %s", folder)
 	}
 	if err := send(otherUID); err == nil {
 		t.Errorf("uid %d could send to uid %d's notify socket", otherUID, workerUID)
@@ -350,5 +360,57 @@ func TestRemoveStaleNotify(t *testing.T) {
 	}
 	if _, err := os.Stat(live.Addr()); err != nil {
 		t.Errorf("the live socket was removed: %v", err)
+	}
+}
+
+// A worker adopted from an older agent, which gave the notify folder to
+// the worker's user: the folder becomes the agent's again (when root),
+// and a symlink planted as its health socket is not taken for one (the
+// agent would probe the socket it points to).
+func TestAdoptedNotifyFolderReclaimed(t *testing.T) {
+	const workerUID = 65534
+	dir := shortDir(t)
+	folder := filepath.Join(dir, "notify", "0123abcd")
+	if err := os.MkdirAll(folder, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	root := os.Geteuid() == 0
+	if root {
+		if err := os.Chown(folder, workerUID, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(folder, "notify"), Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	other, err := net.Listen("unix", filepath.Join(dir, "other.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := os.Symlink(filepath.Join(dir, "other.sock"), filepath.Join(folder, "health")); err != nil {
+		t.Fatal(err)
+	}
+	f, err := conn.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NotifyFromFile(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if addr := HealthAddr(s.Addr()); HealthPresent(addr) {
+		t.Errorf("HealthPresent(%s) = true for a symlink to another socket", addr)
+	}
+	if !root {
+		return
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(folder, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o711 {
+		t.Errorf("adopted notify folder: uid %d mode %o (%v); want uid 0 mode 711", st.Uid, st.Mode&0o777, err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/deployd/deployd/agent/api"
 )
 
@@ -68,14 +70,14 @@ func TestHTTPReadinessWaitsForHealthPath(t *testing.T) {
 // A worker whose health path hangs (it still serves everything else) fails
 // its liveness check 3 times in a row and is replaced, new one ready
 // first, under both loads at once with no failed request; the other
-// worker is untouched.
+// worker is untouched. The failed checks are in the metrics.
 func TestHungWorkerFailingLivenessIsReplaced(t *testing.T) {
-	port := FreePort(t)
+	port, mport := FreePort(t), FreePort(t)
 	const instances = 2
 	// Timeouts well above the load's p99 (~0.5 s with the race-built agent):
 	// only the hung worker fails.
 	health := "[apps.web.health]\ninterval = \"500ms\"\ntimeout = \"500ms\"\nfailures = 3\n"
-	a := StartAgent(t, bins, healthApp(port, instances, "v1", "", health))
+	a := StartAgent(t, bins, fmt.Sprintf("metrics = \"127.0.0.1:%d\"\n\n", mport)+healthApp(port, instances, "v1", "", health))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
 	before := PIDs(appOf(st, "web"))
 	stop := startLoad(t, port, 20, 2*time.Minute)
@@ -113,6 +115,13 @@ func TestHungWorkerFailingLivenessIsReplaced(t *testing.T) {
 		if w.HealthReplacements != want || w.HealthFailures != 0 {
 			t.Errorf("worker %d: health_replacements %d, health_failures %d; want %d, 0", w.Slot, w.HealthReplacements, w.HealthFailures, want)
 		}
+	}
+	mfs := scrape(t, mport)
+	if mf := mfs["deployd_app_health_check_failures_total"]; mf.GetType() != dto.MetricType_COUNTER {
+		t.Errorf("deployd_app_health_check_failures_total is a %v, want a counter", mf.GetType())
+	}
+	if v := mustSample(t, mfs, "deployd_app_health_check_failures_total", "app", "web"); v < 3 {
+		t.Errorf("deployd_app_health_check_failures_total{app=\"web\"} = %v after the replacement, want at least the 3 failed checks", v)
 	}
 	if log := a.Log(); !strings.Contains(log, "failed its health check; replacing it") {
 		t.Errorf("the agent log does not say why the worker was replaced:\n%s", log)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,15 +244,77 @@ func TestCanaryDeployRunsAfterHookAtPromote(t *testing.T) {
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("the after hook ran at the hold, before the promote")
 	}
-	if r := a.CLI("promote", "web"); r.Code != 0 {
-		t.Fatalf("promote: exit %d\n%s", r.Code, r.Stderr)
+	// The promote runs the after hook and reports it, as a deploy does.
+	r = a.CLI("promote", "web", "--json")
+	res := outcomeOf(t, r)
+	if r.Code != 0 || res.Outcome != api.OutcomePromoted || len(res.Hooks) != 1 || res.Hooks[0].Hook != "after" || !res.Hooks[0].OK {
+		t.Fatalf("promote: exit %d, result %+v, want promoted with the after hook OK\n%s", r.Code, res, r.Stderr)
 	}
-	// The after hook runs in the background of the promote; the agent log
-	// says when it has ended.
-	a.WaitFor("the after hook's end in the agent log", 10*time.Second, func(*api.Status) bool {
-		return strings.Contains(a.Log(), "hook done") && strings.Contains(a.Log(), "hook=after version=2.0.0")
-	})
 	if b, err := os.ReadFile(marker); err != nil || strings.TrimSpace(string(b)) != "2.0.0 after 1.0.0" {
-		t.Errorf("after hook at promote wrote %q (%v), want \"2.0.0 after 1.0.0\"", b, err)
+		t.Errorf("when promote returned, the after hook had written %q (%v), want \"2.0.0 after 1.0.0\"", b, err)
+	}
+	if log := a.Log(); !strings.Contains(log, "hook done") || !strings.Contains(log, "hook=after version=2.0.0") {
+		t.Errorf("the agent log has no end of the after hook:\n%s", log)
+	}
+	// A failing one is a warning: the release serves.
+	r = a.CLI("deploy", "web", "--artifact", hookRelease(t, "3.0.0", goodBefore, "echo no cache to warm; exit 4"), "--version", "3.0.0", "--canary", "1")
+	if r.Code != 0 {
+		t.Fatalf("deploy 3.0.0 --canary 1: exit %d\n%s", r.Code, r.Stderr)
+	}
+	r = a.CLI("promote", "web")
+	if r.Code != 0 || !strings.Contains(r.Stderr, "WARNING: after hook failed: exit status 4; the release serves") ||
+		!strings.Contains(r.Stderr, "| hook after: no cache to warm") {
+		t.Errorf("promote with a failing after hook: exit %d, want 0 and a warning with its output\n%s", r.Code, r.Stderr)
+	}
+	requireServing(t, a, port, "3.0.0", fmt.Sprintf("3.0.0-built-%d", os.Getuid()))
+}
+
+// The after hook of a canary that canary_timeout promotes runs in the
+// agent, tracked: an upgrade that starts while it runs waits for its end,
+// and so does a shutdown; the agent log has each end.
+func TestPromotedCanaryAfterHookIsWaitedFor(t *testing.T) {
+	port := FreePort(t)
+	cfg := strings.Replace(hooksApp(port, 2, ""), "# user", "canary_timeout = \"1s\"\ncanary_action = \"promote\"", 1)
+	a := StartAgent(t, bins, cfg)
+	if r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, "true"), "--version", "1.0.0"); r.Code != 0 {
+		t.Fatalf("deploy 1.0.0: exit %d\n%s", r.Code, r.Stderr)
+	}
+	for i, step := range []string{"upgrade", "shutdown"} {
+		ver := fmt.Sprintf("%d.0.0", i+2)
+		dir := t.TempDir()
+		started, ended := filepath.Join(dir, "started"), filepath.Join(dir, "ended")
+		after := fmt.Sprintf("touch %s; sleep 3; echo \"$DEPLOYD_RELEASE\" > %s", started, ended)
+		if r := a.CLI("deploy", "web", "--artifact", hookRelease(t, ver, goodBefore, after), "--version", ver, "--canary", "1"); r.Code != 0 {
+			t.Fatalf("deploy %s --canary 1: exit %d\n%s", ver, r.Code, r.Stderr)
+		}
+		a.WaitFor("the after hook started by canary_timeout's promote", 20*time.Second, func(*api.Status) bool {
+			_, err := os.Stat(started)
+			return err == nil
+		})
+		// Meanwhile promote tells how the hold ended, not that the app is busy.
+		if r := a.CLI("promote", "web"); r.Code != 0 || !strings.Contains(r.Stderr, "promoted already") || !strings.Contains(r.Stderr, "canary_timeout") {
+			t.Errorf("promote while the after hook runs: exit %d, want 0 and promoted already by canary_timeout\n%s", r.Code, r.Stderr)
+		}
+		v, err := a.Client.Version(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if r := a.CLI(step); r.Code != 0 {
+			t.Fatalf("%s: exit %d\n%s", step, r.Code, r.Stderr)
+		}
+		if step == "shutdown" {
+			for Alive(v.PID) && time.Since(t0) < 30*time.Second {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		// By the time the upgrade returned, or the agent exited, the hook had ended.
+		if b, err := os.ReadFile(ended); err != nil || strings.TrimSpace(string(b)) != ver {
+			t.Errorf("%s returned after %s, but the after hook had not ended (wrote %q, %v)",
+				step, time.Since(t0).Round(time.Millisecond), b, err)
+		}
+		if log := a.Log(); !regexp.MustCompile(`hook done.* hook=after version=` + regexp.QuoteMeta(ver)).MatchString(log) {
+			t.Errorf("%s: the agent log has no end of the after hook of %s:\n%s", step, ver, log)
+		}
 	}
 }

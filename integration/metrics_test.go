@@ -139,7 +139,8 @@ func TestMetricsEndpointAndCountersMove(t *testing.T) {
 		}
 	}
 	mustSample(t, mfs, "deployd_app_log_lines_dropped_total", "app", "web")
-	for name, want := range map[string]float64{"deployd_app_restarts_total": 0, "deployd_app_reload_duration_seconds": 0} {
+	for name, want := range map[string]float64{"deployd_app_restarts_total": 0, "deployd_app_reload_duration_seconds": 0,
+		"deployd_app_health_check_failures_total": 0} {
 		if v := mustSample(t, mfs, name, "app", "web"); v != want {
 			t.Errorf("%s = %v, want %v", name, v, want)
 		}

@@ -326,12 +326,14 @@ func (o *op) promote(h *hold, by, reason string) CanaryEnd {
 		end.Outcome = CanaryFailed
 	}
 	o.change(func(st *state) { st.ctr.reloaded(time.Since(start), err) })
-	return o.endHold(h, end)
+	return o.endHold(h, end, false) // every slot got a new worker: errored or not before
 }
 
 func (o *op) abort(h *hold, by, reason string) CanaryEnd {
+	errored := false
 	o.change(func(st *state) {
 		h.stopTimer()
+		errored = st.app == AppErrored // a slot the abort does not touch crash-looped during the hold
 		o.s.setApp(st, AppReloading, nil)
 	})
 	end := CanaryEnd{Outcome: CanaryAborted, By: by, Reason: reason}
@@ -342,14 +344,16 @@ func (o *op) abort(h *hold, by, reason string) CanaryEnd {
 		}
 		end.Err = &AbandonedError{Reason: errors.New(why), Slots: o.slotReleases()}
 	}
-	return o.endHold(h, end)
+	return o.endHold(h, end, errored)
 }
 
 // endHold ends hold h with end: the app runs again (on the new spec when
-// promoted, else the old one), a canary slot left without a live worker
-// (its crash aborted the hold and its rollback failed) is restarted, and
-// OnEnd hears it before the next operation is admitted.
-func (o *op) endHold(h *hold, end CanaryEnd) CanaryEnd {
+// promoted, else the old one), unless errored (a slot the end left alone
+// crash-looped during the hold) or a slot crash-looped during the end: it
+// stays errored then, until a restart. A canary slot left without a live
+// worker (its crash aborted the hold and its rollback failed) is
+// restarted, and OnEnd hears it before the next operation is admitted.
+func (o *op) endHold(h *hold, end CanaryEnd, errored bool) CanaryEnd {
 	end.Release, end.Previous, end.At = h.spec.Release, h.old.Release, time.Now()
 	end.Held = end.At.Sub(h.since)
 	s := o.s
@@ -362,7 +366,7 @@ func (o *op) endHold(h *hold, end CanaryEnd) CanaryEnd {
 			return
 		}
 		next := AppRunning
-		if st.app == AppErrored { // a slot crash-looped during the hold: restart clears it
+		if errored || st.app == AppErrored {
 			next = AppErrored
 		}
 		s.setApp(st, next, func() {

@@ -3,6 +3,7 @@ package workers
 import (
 	"errors"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -298,5 +299,63 @@ func TestCanaryBlueGreen(t *testing.T) {
 	}
 	if got := releases(s); !slices.Equal(got, []string{"v2", "v2", "v2", "v2"}) {
 		t.Fatalf("releases after promote %v", got)
+	}
+}
+
+// A slot that is not a canary and crash-loops during the hold errors the
+// app (max_restarts 0: its first crash). An abort leaves that slot alone,
+// so the app stays errored (not running with a dead slot nobody restarts)
+// until a restart; a promote gives it a worker of the new release, and the
+// app runs.
+func TestCanaryEndKeepsAppErroredByCrashLoop(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"abort", "promote"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			spec := testSpec(t, newListener(t), "serve-ready", 2)
+			spec.Restart.MaxRestarts = 0
+			s := newSupervisor(t, spec)
+			mustStart(t, s)
+			ends := make(canaryEnds, 1)
+			if err := s.ReloadCanary(nextSpec(spec, "serve-ready"), Rolling, Canary{N: 1, OnEnd: ends.add}, nil); err != nil {
+				t.Fatalf("ReloadCanary: %v", err)
+			}
+			other := currentWorkers(s)[1]
+			if err := syscall.Kill(other.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			<-other.Done()
+			waitFor(t, "the crash of slot 1 to error the app", func() bool { return s.Status().State == AppErrored })
+			if st := s.Status(); st.Canary == nil {
+				t.Fatalf("the crash of slot 1, not a canary, ended the hold: last %+v", st.LastCanary)
+			}
+			endHold, want := s.Abort, AppErrored
+			if end == "promote" {
+				endHold, want = s.Promote, AppRunning
+			}
+			if e, err := endHold(nil); err != nil || e.Err != nil {
+				t.Fatalf("%s: %+v, %v", end, e, err)
+			}
+			ends.next(t)
+			st := s.Status()
+			if st.State != want || st.Canary != nil {
+				t.Fatalf("after the %s: state %s, canary %+v; want %s, no hold", end, st.State, st.Canary, want)
+			}
+			if end == "promote" {
+				if w := currentWorkers(s)[1]; w == other || w.State() != Ready || !slices.Equal(releases(s), []string{"v2", "v2"}) {
+					t.Errorf("after the promote: slot 1 %s, releases %v; want a new ready worker, v2 everywhere", w.State(), releases(s))
+				}
+				return
+			}
+			if w := currentWorkers(s)[1]; w != other {
+				t.Errorf("the errored slot 1 got a new worker (pid %d) at the hold's end", w.PID)
+			}
+			if err := s.Restart(nil); err != nil {
+				t.Fatalf("Restart: %v", err)
+			}
+			if st := s.Status(); st.State != AppRunning || !slices.Equal(releases(s), []string{"v1", "v1"}) {
+				t.Errorf("after restart: state %s, releases %v; want running on v1", st.State, releases(s))
+			}
+		})
 	}
 }

@@ -22,6 +22,9 @@ type Counters struct {
 	ReloadBuckets []uint64
 	// DroppedEvents counts events a subscriber lost because it fell behind.
 	DroppedEvents uint64
+	// HealthCheckFailures counts the failed liveness checks ([apps.NAME.health])
+	// of every worker the app had, replaced ones too.
+	HealthCheckFailures uint64
 }
 
 // reloadBounds are the upper bounds, in seconds, of Counters.ReloadBuckets.
@@ -72,5 +75,6 @@ func (s *Supervisor) Counters() Counters {
 		c.ReloadBuckets = make([]uint64, len(reloadBounds))
 		copy(c.ReloadBuckets, st.ctr.ReloadBuckets)
 	})
+	c.HealthCheckFailures = s.healthFailed.Load()
 	return c
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -90,8 +91,9 @@ func (w *Worker) healthFailures() (run, total int) {
 // checkHealth starts the worker's health checks on its socket at addr
 // (none when addr is ""): the readiness probe for ready = "http:PATH" and
 // the liveness check of spec.Health. The returned func ends them and waits
-// for them; the worker's waiter calls it once the process is reaped.
-func (w *Worker) checkHealth(spec *Spec, addr string) (stop func()) {
+// for them; the worker's waiter calls it once the process is reaped. A
+// failed liveness check adds 1 to failed (the app's count; may be nil).
+func (w *Worker) checkHealth(spec *Spec, addr string, failed *atomic.Uint64) (stop func()) {
 	w.health.addr = addr
 	ctx, cancel := context.WithCancel(context.Background())
 	var done sync.WaitGroup
@@ -99,7 +101,7 @@ func (w *Worker) checkHealth(spec *Spec, addr string) (stop func()) {
 		done.Go(func() { w.probeReady(ctx, spec.Ready.Path) })
 	}
 	if addr != "" && spec.Health != nil {
-		done.Go(func() { w.watchHealth(ctx, *spec.Health) })
+		done.Go(func() { w.watchHealth(ctx, *spec.Health, failed) })
 	}
 	return func() {
 		cancel()
@@ -139,7 +141,7 @@ func (w *Worker) probeReady(ctx context.Context, path string) {
 // probed (not one draining or stopping). It only counts: the supervisor's
 // tick replaces a worker whose run of failures reached h.Failures
 // (monitor.go).
-func (w *Worker) watchHealth(ctx context.Context, h HealthPolicy) {
+func (w *Worker) watchHealth(ctx context.Context, h HealthPolicy, failed *atomic.Uint64) {
 	select {
 	case <-w.ready:
 	case <-ctx.Done():
@@ -164,6 +166,9 @@ func (w *Worker) watchHealth(ctx context.Context, h HealthPolicy) {
 		if err == nil {
 			w.health.fails, w.health.last = 0, ""
 		} else {
+			if failed != nil {
+				failed.Add(1) // under mu: a total read later is counted in failed
+			}
 			w.health.fails++
 			w.health.total++
 			w.health.last = err.Error()

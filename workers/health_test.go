@@ -160,8 +160,25 @@ func TestLivenessReplacesHungWorker(t *testing.T) {
 	if st.Workers[0].HealthReplacements != 1 || st.Workers[1].HealthReplacements != 0 {
 		t.Errorf("health replacements %d, %d; want 1, 0", st.Workers[0].HealthReplacements, st.Workers[1].HealthReplacements)
 	}
-	if run, total := old[0].healthFailures(); run < 3 || total < 3 {
+	run, total := old[0].healthFailures()
+	if run < 3 || total < 3 {
 		t.Errorf("the replaced worker's failures %d (total %d), want at least 3", run, total)
+	}
+	// The app's count keeps the replaced worker's failures, beside those
+	// of the running workers (healthy, but a loaded machine can make one
+	// miss a check): between their totals read before and after it.
+	totals := func() (n int) {
+		for _, w := range now {
+			_, t := w.healthFailures()
+			n += t
+		}
+		return n
+	}
+	lo := total + totals()
+	got := int(s.Counters().HealthCheckFailures)
+	if hi := total + totals(); got < lo || got > hi {
+		t.Errorf("Counters().HealthCheckFailures = %d after the replacement, want the replaced worker's %d and the running ones' (%d to %d in all)",
+			got, total, lo, hi)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -20,6 +21,8 @@ type spawnArgs struct {
 	// notifyDir holds the workers' NOTIFY_SOCKET paths ("" = abstract).
 	notifyDir string
 	log       hclog.Logger
+	// healthFailed counts the app's failed liveness checks.
+	healthFailed *atomic.Uint64
 }
 
 // channels are the agent's ends of what connects it to one worker process.
@@ -180,7 +183,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		uid = int(spec.Credential.Uid)
 	}
 	w.pz, w.notify = newPauser(pending), c.notify
-	stopHealth := w.checkHealth(spec, c.healthAddr)
+	stopHealth := w.checkHealth(spec, c.healthAddr, a.healthFailed)
 	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup
 	notifyDone.Add(1)

@@ -10,6 +10,7 @@ package workers
 
 import (
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -104,6 +105,9 @@ type Supervisor struct {
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup // watch goroutines and monitor operations
+	// healthFailed counts the failed liveness checks of every worker the
+	// app had (added to by their health goroutines).
+	healthFailed atomic.Uint64
 }
 
 // New returns a supervisor with no workers; call Start. Call Stop to end
@@ -133,7 +137,7 @@ func (s *Supervisor) Spec() *Spec {
 func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
-		notifyDir: s.opts.NotifyDir, log: s.log,
+		notifyDir: s.opts.NotifyDir, log: s.log, healthFailed: &s.healthFailed,
 	}
 }
 

@@ -163,6 +163,8 @@ type AppResult struct {
 	// CanaryEnd how promote or abort ended one.
 	Canary    *Canary    `json:"canary,omitempty"`
 	CanaryEnd *CanaryEnd `json:"canary_end,omitempty"`
+	// Hooks is the after hook a promote of a deployed canary ran.
+	Hooks []HookResult `json:"hooks,omitempty"`
 }
 
 // Error is the body of every non-2xx answer. Kind is how the request

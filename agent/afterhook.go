@@ -1,0 +1,133 @@
+package agent
+
+import (
+	"context"
+	"sync"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// afterHooks tracks the after hooks that run or wait to run: a deploy's
+// (run by its request) and a promoted canary's (queued by the hold's end,
+// run by the promote that asked for it or, when the hold ended by itself,
+// by a goroutine of its own). A shutdown and an upgrade wait for them:
+// each is bounded by its after_timeout and the kill grace. Once the agent
+// stops, none starts. The zero value is ready; safe for concurrent use.
+type afterHooks struct {
+	mu      sync.Mutex
+	closed  bool
+	running int
+	idle    chan struct{} // closed when running drops to 0; nil while it is 0
+	// queued is each app's promoted canary's after hook not yet started.
+	queued map[*appRT]*hookRun
+}
+
+// enter counts one more hook (or queue) running; false once the agent
+// stops.
+func (t *afterHooks) enter() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	if t.running == 0 {
+		t.idle = make(chan struct{})
+	}
+	t.running++
+	return true
+}
+
+func (t *afterHooks) leave() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.running--; t.running == 0 {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// wait returns once no hook runs (hooks started meanwhile included), or
+// with ctx's error.
+func (t *afterHooks) wait(ctx context.Context) error {
+	for {
+		t.mu.Lock()
+		idle := t.idle
+		t.mu.Unlock()
+		if idle == nil {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// close lets no hook start any more and waits for those running. Safe to
+// call twice.
+func (t *afterHooks) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	_ = t.wait(context.Background())
+}
+
+// take returns and forgets rt's queued hook, nil when none is.
+func (t *afterHooks) take(rt *appRT) *hookRun {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.queued[rt]
+	delete(t.queued, rt)
+	return h
+}
+
+// queueAfter queues h, the after hook of rt's canary that was just
+// promoted (called by the hold's end, before the app admits its next
+// operation), and starts a goroutine that runs it under rt's busy lock
+// unless the promote that holds the lock runs it first (runQueuedAfter).
+// A hold that ended by itself takes the lock at once, so no operation
+// slips in before its hook, as none does before a deploy's after hook.
+func (a *Agent) queueAfter(rt *appRT, h *hookRun) {
+	if !a.hooks.enter() {
+		a.log.Error("after hook not run: the agent is stopping", "app", rt.name, "hook", h.name, "version", h.version)
+		return
+	}
+	a.hooks.mu.Lock()
+	if a.hooks.queued == nil {
+		a.hooks.queued = map[*appRT]*hookRun{}
+	}
+	a.hooks.queued[rt] = h
+	a.hooks.mu.Unlock()
+	owned := rt.busy.TryLock()
+	go func() {
+		defer a.hooks.leave()
+		if !owned {
+			rt.busy.Lock()
+		}
+		defer rt.busy.Unlock()
+		a.runQueuedAfter(rt, nil)
+	}()
+}
+
+// runQueuedAfter runs rt's queued after hook, if any, announcing it on st
+// (nil: no one asked); rt.busy is held. Nil when none was queued.
+func (a *Agent) runQueuedAfter(rt *appRT, st *stream) []api.HookResult {
+	h := a.hooks.take(rt)
+	if h == nil {
+		return nil
+	}
+	return []api.HookResult{a.runHook(rt, rt.config(), h, st)}
+}
+
+// waitHooks waits, for an upgrade, until no after hook runs: the agent
+// that started a hook reports its end.
+func (a *Agent) waitHooks(ctx context.Context) error {
+	a.hooks.mu.Lock()
+	n := a.hooks.running
+	a.hooks.mu.Unlock()
+	if n > 0 {
+		a.log.Info("upgrade: waiting for after hooks to end", "hooks", n)
+	}
+	return a.hooks.wait(ctx)
+}
