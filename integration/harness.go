@@ -39,10 +39,20 @@ func RepoRoot() string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
+// ReleaseTags are the build tags of a release build of deployd (README,
+// "To get a binary"): they leave out code the agent never runs, urfave/cli's
+// man-page generator and net/http's HTTP/2 (the control socket, metrics and
+// artifact downloads speak HTTP/1.1), about 0.9 MiB of the agent's RSS. The
+// tests and the benchmarks build deployd the same way.
+const ReleaseTags = "urfave_cli_no_docs,nethttpomithttp2"
+
 // Build compiles deployd (with the given version string) into dir/name.
 func Build(dir, name, pkg, ver string) (string, error) {
 	out := filepath.Join(dir, name)
 	args := []string{"build", "-o", out}
+	if pkg == "./cmd/deployd" {
+		args = append(args, "-tags", ReleaseTags)
+	}
 	if ver != "" {
 		args = append(args, "-ldflags", "-X github.com/deployd/deployd/internal/version.Version="+ver)
 	}
