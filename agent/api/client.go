@@ -88,6 +88,14 @@ func (c *Client) doOn(ctx context.Context, hc *http.Client, method, path string,
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := hc.Do(req)
+	if err != nil && method == http.MethodGet && ctx.Err() == nil && !isDial(err) {
+		// A read-only request that reaches an agent as it hands off to a
+		// new one (upgrade) can have its connection closed unanswered:
+		// ask once more (the new agent answers).
+		if again, rerr := http.NewRequestWithContext(ctx, method, req.URL.String(), nil); rerr == nil {
+			resp, err = hc.Do(again)
+		}
+	}
 	if err != nil {
 		var ne *net.OpError
 		if errors.As(err, &ne) && ne.Op == "dial" {
@@ -111,6 +119,12 @@ func (c *Client) doOn(ctx context.Context, hc *http.Client, method, path string,
 		return nil, &StatusError{Code: resp.StatusCode, Kind: e.Kind, Reason: e.Reason, Message: e.Error}
 	}
 	return resp, nil
+}
+
+// isDial reports whether err is a failure to connect (no agent there).
+func isDial(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) && ne.Op == "dial"
 }
 
 func (c *Client) getJSON(ctx context.Context, method, path string, in, out any) error {
