@@ -5,6 +5,8 @@
 // node, a child the app spawns after it took the listeners).
 //
 // What it does in the app's process, before the app's code runs:
+// - sets LISTEN_PID to its pid when the agent started node without its exec
+//   shim (cfg.listenPid);
 // - maps the app's own listen(port) (every form net.Server.listen takes) onto
 //   the inherited socket of the configured listener with that port (unix
 //   sockets by path); a port the config does not list is a clear error and
@@ -51,6 +53,13 @@
 })();
 
 function run(cfg) {
+  // Started without deployd's exec shim (a node command run directly), this
+  // process is the one the listeners are for: LISTEN_PID is its pid, as the
+  // socket-activation protocol wants, before the app's code reads it. A
+  // child process inherits it, and so sees a pid not its own.
+  if (cfg.listenPid && process.env.LISTEN_FDS !== undefined && !process.env.LISTEN_PID) {
+    process.env.LISTEN_PID = String(process.pid);
+  }
   var net = require('net');
   var http = require('http');
   var https = require('https');
