@@ -105,6 +105,7 @@ func (b *bench) reportReloads(w io.Writer) {
 			mmm(r.ratio(scn, sysDeployd, "reload_s", scn, sysPM2, "reload_s"), "%.2f"))
 	}
 	fmt.Fprintln(w, t)
+	b.reportSteps(w)
 }
 
 func (b *bench) reportCost(w io.Writer) {

@@ -241,6 +241,7 @@ func (b *bench) loadedRun(ctx context.Context, sys reloader, rep int, scn string
 		if f, ok := sys.(*bareSystem); ok {
 			startups = append(startups, f.startups...)
 			drains = append(drains, f.drains...)
+			b.logf("    %s: steps: spawn→ready %v, drain %v", sys.name(), roundAll(f.startups), roundAll(f.drains))
 		}
 		b.logf("    %s: reload %d to %s took %v", sys.name(), i+1, version, d.Round(time.Millisecond))
 	}

@@ -22,6 +22,8 @@ type reloadSteps struct {
 	// agent: the agent's own steps: operation start → first spawn, each
 	// old worker's exit → next spawn, last exit → operation done.
 	agent time.Duration
+	// agentParts are agent's parts in order (for the harness's log).
+	agentParts []time.Duration
 	// spawnReady, drain: per slot, new worker started → ready, old one's
 	// stop sent → exited; swap: ready → stop sent.
 	spawnReady, drain, swap []time.Duration
@@ -79,10 +81,12 @@ func parseSteps(path string, off int64, t0, t1 time.Time) (*reloadSteps, int64, 
 		case l.Message == "operation done" || l.Message == "operation not done":
 			opDone = at
 			st.agent += at.Sub(last)
+			st.agentParts = append(st.agentParts, at.Sub(last))
 		case l.Message != "operation step":
 		case l.Event == "started":
 			started[l.PID] = at
 			st.agent += at.Sub(last)
+			st.agentParts = append(st.agentParts, at.Sub(last))
 		case l.Event == "ready":
 			st.spawnReady = append(st.spawnReady, at.Sub(started[l.PID]))
 			readyAt[l.Worker] = at
@@ -111,8 +115,8 @@ func stepsScenario(scn string) string { return scn + ", steps" }
 
 // addSteps records the steps of one reload of reload scenario scn, in ms.
 func (b *bench) addSteps(scn, sys string, rep int, st *reloadSteps) {
-	b.logf("    %s: steps: CLI→op %v (agent's part %v), agent %v, spawn→ready %v, swap %v, drain %v, done→CLI exit %v",
-		sys, st.cliToOp.Round(time.Millisecond), st.prepared.Round(100*time.Microsecond), st.agent, st.spawnReady,
+	b.logf("    %s: steps: CLI→op %v (agent's part %v), agent %v %v, spawn→ready %v, swap %v, drain %v, done→CLI exit %v",
+		sys, st.cliToOp.Round(time.Millisecond), st.prepared.Round(100*time.Microsecond), st.agent, st.agentParts, st.spawnReady,
 		st.swap, st.drain, st.opToExit.Round(time.Millisecond))
 	scn = stepsScenario(scn)
 	b.res.add(scn, sys, "cli_to_op", rep, ms(st.cliToOp))
@@ -128,4 +132,41 @@ func (b *bench) addSteps(scn, sys string, rep int, st *reloadSteps) {
 	for _, d := range st.swap {
 		b.res.add(scn, sys, "swap", rep, ms(d))
 	}
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
+}
+
+// reportSteps writes where deployd's reloads spent their time beside the
+// floor's parts: per slot (min – median – max over every slot of every
+// reload) and per reload.
+func (b *bench) reportSteps(w io.Writer) {
+	r := &b.res
+	t := &table{head: []string{"app startup", "system", "per slot: spawn → ready, ms", "ready → old stop sent, ms",
+		"drain (stop sent → exit), ms", "per reload: CLI exec → operation started, ms", "of which in the agent, ms",
+		"agent's own steps, ms", "done → CLI exit, ms"}}
+	for _, delay := range []time.Duration{0, b.slowStart} {
+		scn := stepsScenario(reloadScenario(delay))
+		if delay == 0 && len(r.vals("floor parts", sysFloor, "startup_s")) > 0 {
+			t.row(delay.String(), "floor (by hand)", mmm(scale(r.vals("floor parts", sysFloor, "startup_s"), 1e-3), "%.0f"),
+				"–", mmm(scale(r.vals("floor parts", sysFloor, "drain_s"), 1e-3), "%.0f"), "–", "–", "–", "–")
+		}
+		if len(r.vals(scn, sysDeployd, "cli_to_op")) == 0 {
+			continue
+		}
+		v := func(m, f string) string { return mmm(r.vals(scn, sysDeployd, m), f) }
+		t.row(delay.String(), "deployd", v("spawn_ready", "%.0f"), v("swap", "%.0f"), v("drain", "%.0f"),
+			v("cli_to_op", "%.0f"), v("prepared", "%.1f"), v("agent", "%.0f"), v("op_to_exit", "%.0f"))
+	}
+	if len(t.rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "Where the reloads' time went (deployd: the agent's debug log, ms timestamps, and the CLI's exec and exit; "+
+		"agent's own steps: operation start → first spawn, each old worker's exit → next spawn, last exit → done):\n\n")
+	fmt.Fprintln(w, t)
 }
