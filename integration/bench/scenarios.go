@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"syscall"
 	"time"
 
@@ -242,6 +243,11 @@ func (b *bench) loadedRun(ctx context.Context, sys reloader, rep int, scn string
 			startups = append(startups, f.startups...)
 			drains = append(drains, f.drains...)
 			b.logf("    %s: steps: spawn→ready %v, drain %v", sys.name(), roundAll(f.startups), roundAll(f.drains))
+			var sum time.Duration // this reload's slots × (startup + drain)
+			for _, d := range append(slices.Clone(f.startups), f.drains...) {
+				sum += d
+			}
+			b.res.add("floor parts", sysFloor, "reload_s", rep, sum.Seconds())
 		}
 		b.logf("    %s: reload %d to %s took %v", sys.name(), i+1, version, d.Round(time.Millisecond))
 	}
