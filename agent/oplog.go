@@ -86,7 +86,8 @@ func (w *opWriter) streamStarted() {
 	w.mu.Lock()
 	w.streamed = true
 	w.mu.Unlock()
-	w.log.Debug("operation started", w.kv...)
+	// prepared_us: since the request arrived (the config re-read and checks).
+	w.log.Debug("operation started", append(append([]any{}, w.kv...), "prepared_us", time.Since(w.start).Microseconds())...)
 }
 
 // step logs one progress event of the operation at debug level.

@@ -23,8 +23,9 @@ type nodeStart struct {
 }
 
 // prepareNode verifies the preload file (rewriting it if it was changed)
-// and builds the channel, fds and env for one start of a node worker.
-func prepareNode(spec *Spec, env []string, health *os.File) (*nodeStart, error) {
+// and builds the channel, fds and env for one start of a node worker;
+// direct: node starts without the exec shim (the preload sets LISTEN_PID).
+func prepareNode(spec *Spec, env []string, health *os.File, direct bool) (*nodeStart, error) {
 	if err := spec.Node.Preload.Repair(); err != nil {
 		return nil, err
 	}
@@ -45,7 +46,11 @@ func prepareNode(spec *Spec, env []string, health *os.File) (*nodeStart, error) 
 	if health != nil { // the health listener's copy follows the listeners'
 		n.fixed = append(n.fixed, handoff.FixedFile{At: nodejs.FirstFD + 1 + len(spec.Listeners), Fd: health.Fd()})
 	}
-	n.env = spec.Node.Env(env, nodejs.FirstFD, nodejs.FirstFD+1)
+	if direct {
+		n.env = spec.Node.DirectEnv(env, nodejs.FirstFD, nodejs.FirstFD+1)
+	} else {
+		n.env = spec.Node.Env(env, nodejs.FirstFD, nodejs.FirstFD+1)
+	}
 	return n, nil
 }
 

@@ -145,8 +145,14 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	}
 	env := workerEnv(a, spec, slot, c)
 	var fixed []handoff.FixedFile
+	direct, execPath := false, ""
 	if spec.Node != nil {
-		if c.node, err = prepareNode(spec, env, c.health); err != nil {
+		// node itself (not npm & co.), unpinned: the preload sets
+		// LISTEN_PID, so no shim is needed between the agent and node.
+		if !spec.Node.Indirect && cpu < 0 {
+			execPath, direct = handoff.ExecPath(spec.Argv[0], env, spec.Dir)
+		}
+		if c.node, err = prepareNode(spec, env, c.health, direct); err != nil {
 			c.closeChild()
 			c.closeParent()
 			return nil, err
@@ -156,7 +162,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
 		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Health: c.health, Extra: extra, Fixed: fixed,
-		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
+		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
 	})
 	c.closeChild()
 	if err != nil {
@@ -164,6 +170,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		return nil, err
 	}
 	// The shim execs the app in the same process: its start time stays.
+	// (A Direct start has no shim: node is the process from the start.)
 	start, _ := handoff.StartTime(proc.Pid)
 	w := &Worker{
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,

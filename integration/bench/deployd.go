@@ -29,6 +29,12 @@ type deploydSystem struct {
 	socket  string
 	agent   *proc
 	client  *api.Client
+	// steps: run the agent at debug level with a JSON log and keep each
+	// reload's steps (lastSteps) and the CLI's own duration (lastCLI).
+	steps     bool
+	logOff    int64
+	lastSteps *reloadSteps
+	lastCLI   time.Duration
 }
 
 func (s *deploydSystem) name() string    { return s.label }
@@ -112,7 +118,11 @@ func (s *deploydSystem) start(ctx context.Context) error {
 	if err := s.writeConfig("v1"); err != nil {
 		return err
 	}
-	cmd := exec.Command(s.b.deployd, "agent", "-c", s.config, "--log-level", "info")
+	level := []string{"--log-level", "info"}
+	if s.steps {
+		level = []string{"--log-level", "debug", "--log-format", "json"}
+	}
+	cmd := exec.Command(s.b.deployd, append([]string{"agent", "-c", s.config}, level...)...)
 	cmd.Dir = s.dir
 	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=")
 	if s.agent, err = startProc(s.label+"-agent", cmd, filepath.Join(s.dir, "agent.log"), false); err != nil {
@@ -172,14 +182,23 @@ func (s *deploydSystem) cli(ctx context.Context, timeout time.Duration, args ...
 		s.b.deployd, args...)
 }
 
-// reload is `deployd reload web` after writing the config with the new version.
+// reload is `deployd reload web` after writing the config with the new
+// version; the time of the command alone is lastCLI.
 func (s *deploydSystem) reload(ctx context.Context, version string) error {
 	if err := s.writeConfig(version); err != nil {
 		return err
 	}
+	t0 := time.Now()
 	out, err := s.cli(ctx, 5*time.Minute, "reload", "web")
+	t1 := time.Now()
 	if err != nil {
 		return fmt.Errorf("deployd reload: %w\n%s", err, out)
+	}
+	s.lastCLI, s.lastSteps = t1.Sub(t0), nil
+	if s.steps {
+		if s.lastSteps, s.logOff, err = parseSteps(filepath.Join(s.dir, "agent.log"), s.logOff, t0, t1); err != nil {
+			return err
+		}
 	}
 	st, err := s.client.Status(ctx, "web")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"syscall"
 	"time"
 
@@ -181,7 +182,7 @@ func (b *bench) reloadsUnderLoad(ctx context.Context) error {
 			}
 			b.logf("reloads under load, startup %v, repeat %d/%d", delay, rep+1, b.repeats)
 			app := appSpec{kind: "node", instances: b.instances, startupDelay: delay}
-			ss := []reloader{&deploydSystem{b: b, label: sysDeployd, app: app}}
+			ss := []reloader{&deploydSystem{b: b, label: sysDeployd, app: app, steps: true}}
 			if b.pm2 != "" {
 				ss = append(ss, &pm2System{b: b, app: app})
 			}
@@ -229,10 +230,24 @@ func (b *bench) loadedRun(ctx context.Context, sys reloader, rep int, scn string
 			return fmt.Errorf("%s: reload %d: %w", sys.name(), i+1, err)
 		}
 		d := time.Since(t0)
+		if ds, ok := sys.(*deploydSystem); ok {
+			// The `deployd reload` command alone: not the config write
+			// before it nor the harness's status call after it.
+			d = ds.lastCLI
+			if ds.lastSteps != nil {
+				b.addSteps(scn, ds.name(), rep, ds.lastSteps)
+			}
+		}
 		b.res.add(scn, sys.name(), "reload_s", rep, d.Seconds())
 		if f, ok := sys.(*bareSystem); ok {
 			startups = append(startups, f.startups...)
 			drains = append(drains, f.drains...)
+			b.logf("    %s: steps: spawn→ready %v, drain %v", sys.name(), roundAll(f.startups), roundAll(f.drains))
+			var sum time.Duration // this reload's slots × (startup + drain)
+			for _, d := range append(slices.Clone(f.startups), f.drains...) {
+				sum += d
+			}
+			b.res.add("floor parts", sysFloor, "reload_s", rep, sum.Seconds())
 		}
 		b.logf("    %s: reload %d to %s took %v", sys.name(), i+1, version, d.Round(time.Millisecond))
 	}

@@ -159,6 +159,9 @@ type wireConfig struct {
 	StopTimeoutMs int64          `json:"stopTimeoutMs"`
 	Listeners     []wireListener `json:"listeners"`
 	HealthFD      int            `json:"healthFd,omitempty"`
+	// ListenPID: node was started without deployd's exec shim, so the
+	// preload sets LISTEN_PID to its pid (when unset) before the app runs.
+	ListenPID bool `json:"listenPid,omitempty"`
 }
 
 // Env returns env extended for a node worker whose channel is fd ctl and
@@ -167,9 +170,15 @@ type wireConfig struct {
 // preload first and the app's own options kept, PORT when there is one
 // TCP listener and env has no PORT, and NODE_APP_INSTANCE (PM2's variable)
 // = DEPLOYD_WORKER.
-func (s *Spec) Env(env []string, ctl, first int) []string {
+func (s *Spec) Env(env []string, ctl, first int) []string { return s.env(env, ctl, first, false) }
+
+// DirectEnv is Env for a node started without deployd's exec shim: the
+// preload sets LISTEN_PID (handoff.Proc.Direct).
+func (s *Spec) DirectEnv(env []string, ctl, first int) []string { return s.env(env, ctl, first, true) }
+
+func (s *Spec) env(env []string, ctl, first int, listenPID bool) []string {
 	wc := wireConfig{App: s.App, Ctl: ctl, Ready: s.ReportReady, NodeIPC: s.NodeIPC, StopSignal: s.StopSignal,
-		StopTimeoutMs: s.StopTimeout.Milliseconds(), Listeners: []wireListener{}}
+		StopTimeoutMs: s.StopTimeout.Milliseconds(), Listeners: []wireListener{}, ListenPID: listenPID}
 	var tcpPorts []int
 	for i, l := range s.Listeners {
 		wl := wireListener{FD: first + i, Network: l.Network, Address: l.Address}

@@ -5,6 +5,8 @@
 // node, a child the app spawns after it took the listeners).
 //
 // What it does in the app's process, before the app's code runs:
+// - sets LISTEN_PID to its pid when the agent started node without its exec
+//   shim (cfg.listenPid);
 // - maps the app's own listen(port) (every form net.Server.listen takes) onto
 //   the inherited socket of the configured listener with that port (unix
 //   sockets by path); a port the config does not list is a clear error and
@@ -51,10 +53,15 @@
 })();
 
 function run(cfg) {
+  // Started without deployd's exec shim (a node command run directly), this
+  // process is the one the listeners are for: LISTEN_PID is its pid, as the
+  // socket-activation protocol wants, before the app's code reads it. A
+  // child process inherits it, and so sees a pid not its own.
+  if (cfg.listenPid && process.env.LISTEN_FDS !== undefined && !process.env.LISTEN_PID) {
+    process.env.LISTEN_PID = String(process.pid);
+  }
   var net = require('net');
   var http = require('http');
-  var https = require('https');
-  var tls = require('tls');
   var path = require('path');
 
   var IDLE_GRACE_MS = 1000; // a keep-alive connection idle this long after a response is closed
@@ -68,7 +75,6 @@ function run(cfg) {
   var origListen = net.Server.prototype.listen;
   var origNetClose = net.Server.prototype.close;
   var origHttpClose = http.Server.prototype.close;
-  var origHttpsClose = https.Server.prototype.close;
   var origExit = process.exit;
 
   var ctl = null;
@@ -290,9 +296,25 @@ function run(cfg) {
     http.Server.prototype.close = function (cb) {
       return this[kState] ? closeMapped(this, cb) : origHttpClose.apply(this, arguments);
     };
-    https.Server.prototype.close = function (cb) {
-      return this[kState] ? closeMapped(this, cb) : origHttpsClose.apply(this, arguments);
-    };
+  }
+
+  // tlsServer tells whether server is a tls.Server (https.Server is one)
+  // without loading tls, which costs every worker's start several ms of
+  // CPU: only an app that made a TLS server has it loaded. For the first
+  // one, https's own close (which would cut idle connections) is patched
+  // as http's is.
+  var httpsPatched = false;
+  function tlsServer(server) {
+    if (typeof server.setSecureContext !== 'function' || !(server instanceof require('tls').Server)) return false;
+    if (!httpsPatched) {
+      httpsPatched = true;
+      var https = require('https');
+      var origHttpsClose = https.Server.prototype.close;
+      https.Server.prototype.close = function (cb) {
+        return this[kState] ? closeMapped(this, cb) : origHttpsClose.apply(this, arguments);
+      };
+    }
+    return true;
   }
 
   function track(server) {
@@ -301,7 +323,7 @@ function run(cfg) {
     server[kState] = st;
     mapped.push(server);
     server.once('close', function () { st.closed = true; });
-    var event = server instanceof tls.Server ? 'secureConnection' : 'connection';
+    var event = tlsServer(server) ? 'secureConnection' : 'connection';
     server.on(event, function (sock) {
       var c = { inflight: 0, served: 0, idleSince: Date.now(), timer: null, res: null };
       st.conns.set(sock, c);
