@@ -24,9 +24,11 @@ import (
 // records of agents that are gone and retires their survivors once its own
 // workers are ready. A clean exit removes the record.
 
-// recordEvery bounds how stale a record can be; supervisors' changes also
-// trigger a write at once.
-const recordEvery = time.Second
+// recordEvery bounds how stale a record can be; supervisors' changes
+// trigger a write at once, so this only catches a change none signalled.
+// Each check builds the list of processes: once a second, that garbage
+// alone grew an idle agent's heap by ~1 KB/s (BENCHMARKS.md, "Agent memory").
+const recordEvery = 10 * time.Second
 
 // agentRecord is one agent's record.
 type agentRecord struct {

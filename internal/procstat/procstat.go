@@ -8,9 +8,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 )
 
 // userHZ is the unit of the times in /proc/PID/stat (USER_HZ, 100 on every
@@ -46,17 +49,57 @@ func (s Stat) RSSBytes() int64 { return s.RSSPages * int64(os.Getpagesize()) }
 // StartSeconds is the start time in seconds after boot.
 func (s Stat) StartSeconds() float64 { return float64(s.StartTicks) / userHZ }
 
-// Stat reads /proc/PID/stat; pid 0 means the calling process.
+// statMax bounds what Stat reads of /proc/PID/stat: the 52 fields of
+// Linux 6 take at most ~1 000 bytes (a 16-byte command name, numbers of up
+// to 20 digits), usually ~300.
+const statMax = 2048
+
+// Stat reads /proc/PID/stat; pid 0 means the calling process. The agent
+// samples every worker once a second, so Stat allocates only its path and
+// the open file: an idle agent that produced garbage every second grew its
+// heap to the GC's goal (4 MiB) between collections (BENCHMARKS.md, "Agent
+// memory").
 func (fs FS) Stat(pid int) (Stat, error) {
-	name := "self"
-	if pid != 0 {
-		name = strconv.Itoa(pid)
-	}
-	b, err := os.ReadFile(fs.path(name, "stat"))
+	var buf [statMax]byte
+	path := fs.statPath(buf[:0], pid)
+	// Plain syscalls: through *os.File (its poller's function values) or
+	// an io.Reader, buf would escape to the heap.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return Stat{}, fmt.Errorf("procstat: %w", err)
+		return Stat{}, fmt.Errorf("procstat: open %s: %w", path, err)
 	}
-	return parseStat(b)
+	defer unix.Close(fd)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return Stat{}, fmt.Errorf("procstat: read %s: %w", path, err)
+		}
+		if m == 0 {
+			return parseStat(buf[:n])
+		}
+		n += m
+	}
+	return Stat{}, fmt.Errorf("procstat: %s: longer than %d bytes", path, statMax)
+}
+
+// statPath is Root/PID/stat (Root/self/stat for pid 0), built in b.
+func (fs FS) statPath(b []byte, pid int) string {
+	if fs.Root == "" {
+		b = append(b, "/proc"...)
+	} else {
+		b = append(b, fs.Root...)
+	}
+	b = append(b, '/')
+	if pid == 0 {
+		b = append(b, "self"...)
+	} else {
+		b = strconv.AppendInt(b, int64(pid), 10)
+	}
+	return string(append(b, "/stat"...))
 }
 
 // parseStat parses the contents of /proc/PID/stat. The command name (field
@@ -67,30 +110,87 @@ func parseStat(b []byte) (Stat, error) {
 	if i < 0 {
 		return Stat{}, errors.New("procstat: stat: no command name")
 	}
-	f := bytes.Fields(b[i+1:]) // f[0] is field 3 (state)
-	const last = 24            // rss
-	if len(f) < last-2 {
-		return Stat{}, fmt.Errorf("procstat: stat: %d fields, want at least %d", len(f)+2, last)
-	}
-	field := func(n int) []byte { return f[n-3] }
+	const last = 24 // rss
 	var s Stat
-	var errs []error
-	u := func(n int) uint64 {
-		v, err := strconv.ParseUint(string(field(n)), 10, 64)
-		errs = append(errs, err)
-		return v
-	}
-	d := func(n int) int64 {
-		v, err := strconv.ParseInt(string(field(n)), 10, 64)
-		errs = append(errs, err)
-		return v
-	}
-	s.UTime, s.STime, s.NumThreads = u(14), u(15), d(20)
-	s.StartTicks, s.VSize, s.RSSPages = u(22), u(23), d(24)
-	if err := errors.Join(errs...); err != nil {
-		return Stat{}, fmt.Errorf("procstat: stat: %w", err)
+	rest := b[i+1:]
+	for n := 3; n <= last; n++ { // field 3 is the state
+		rest = bytes.TrimLeft(rest, " \n")
+		if len(rest) == 0 {
+			return Stat{}, fmt.Errorf("procstat: stat: %d fields, want at least %d", n-1, last)
+		}
+		end := bytes.IndexAny(rest, " \n")
+		if end < 0 {
+			end = len(rest)
+		}
+		field := rest[:end]
+		rest = rest[end:]
+		var dst *uint64
+		switch n {
+		case 14:
+			dst = &s.UTime
+		case 15:
+			dst = &s.STime
+		case 22:
+			dst = &s.StartTicks
+		case 23:
+			dst = &s.VSize
+		case 20, 24:
+			v, ok := parseInt(field)
+			if !ok {
+				return Stat{}, fmt.Errorf("procstat: stat: field %d: %q is not a number", n, string(field))
+			}
+			if n == 20 {
+				s.NumThreads = v
+			} else {
+				s.RSSPages = v
+			}
+			continue
+		default:
+			continue
+		}
+		v, ok := parseUint(field)
+		if !ok {
+			return Stat{}, fmt.Errorf("procstat: stat: field %d: %q is not a number", n, string(field))
+		}
+		*dst = v
 	}
 	return s, nil
+}
+
+// parseUint parses a decimal number without allocating (strconv's error
+// would hold a copy of the input).
+func parseUint(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if v > (math.MaxUint64-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
+}
+
+// parseInt is parseUint with an optional minus sign.
+func parseInt(b []byte) (int64, bool) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	v, ok := parseUint(b)
+	if !ok || v > math.MaxInt64 {
+		return 0, false
+	}
+	if neg {
+		return -int64(v), true
+	}
+	return int64(v), true
 }
 
 // BootTime is when the system booted, in seconds since the epoch (btime in

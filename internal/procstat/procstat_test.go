@@ -47,3 +47,40 @@ func TestSelf(t *testing.T) {
 		t.Errorf("OpenFDs %d, %v", n, err)
 	}
 }
+
+// TestStatAllocations guards the reason Stat reads into a stack buffer: the
+// agent calls it for every worker every second, and its garbage made an
+// idle agent's heap grow to the GC's goal between collections.
+func TestStatAllocations(t *testing.T) {
+	var fs FS
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := fs.Stat(0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The path string and its copy for open(2).
+	if allocs > 2 {
+		t.Errorf("Stat allocates %.0f times per call, want at most 2", allocs)
+	}
+}
+
+func TestParseNumbers(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true}, {"42", 42, true}, {"-1", -1, true}, {"9223372036854775807", 1<<63 - 1, true},
+		{"9223372036854775808", 0, false}, {"", 0, false}, {"-", 0, false}, {"1x", 0, false}, {"+1", 0, false},
+	} {
+		if got, ok := parseInt([]byte(c.in)); got != c.want || ok != c.ok {
+			t.Errorf("parseInt(%q) = %d, %v; want %d, %v", c.in, got, ok, c.want, c.ok)
+		}
+	}
+	if v, ok := parseUint([]byte("18446744073709551615")); !ok || v != 1<<64-1 {
+		t.Errorf("parseUint(max) = %d, %v", v, ok)
+	}
+	if _, ok := parseUint([]byte("18446744073709551616")); ok {
+		t.Error("parseUint(max+1): no error")
+	}
+}
