@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -89,7 +88,8 @@ type Agent struct {
 	// (survivors.go): retired once this agent's workers are ready.
 	found        []survivor
 	foundRecords []string
-	sys          sysState // the metrics server (metrics.go)
+	sys          sysState       // the metrics server (metrics.go)
+	ctl          *controlServer // the control server (control.go); nil until group
 
 	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
 }
@@ -187,17 +187,14 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 			a.upg.Stop()
 		}
 	})
-	srv := a.newServer()
+	a.ctl = newControlServer(a.routes(), a.connContext, a.log.Named("control"))
+	ln := controlListener(ctl)
 	g.Add(func() error {
-		if err := srv.Serve(controlListener(ctl)); !errors.Is(err, http.ErrServerClosed) {
+		if err := a.ctl.serve(ln); err != nil {
 			a.log.Error("control server stopped", "error", err)
 		}
 		return errStopped // as a shutdown: the agent stops and exits 0
-	}, func(error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
+	}, func(error) { a.ctl.stop(ln) })
 	stopStatus := make(chan struct{})
 	g.Add(func() error { a.statusUpdates(stopStatus); return nil }, func(error) { close(stopStatus) })
 	stopRec := make(chan struct{})
@@ -409,12 +406,11 @@ func notify(state string) { _, _ = daemon.SdNotify(false, state) }
 // Socket returns the control socket path.
 func (a *Agent) Socket() string { return a.socket }
 
-// newServer returns the control HTTP server.
-func (a *Agent) newServer() *http.Server {
-	return &http.Server{
-		Handler:           a.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ConnContext:       a.connContext,
-		ErrorLog:          a.log.Named("control").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+// controlStopping is cancelled when the control server begins to stop:
+// streams that last as long as their client wants end on it.
+func (a *Agent) controlStopping() context.Context {
+	if a.ctl == nil {
+		return context.Background()
 	}
+	return a.ctl.stopping
 }

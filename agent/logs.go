@@ -118,7 +118,10 @@ func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	if follow {
-		defer onServerShutdown(r, cancel)()
+		// A stopping agent (SIGTERM, `deployd shutdown`, a handoff) ends
+		// the follow, which would otherwise hold the stop up to its bound.
+		stop := context.AfterFunc(a.controlStopping(), cancel)
+		defer stop()
 	}
 	flushSinks(ctx, targets)
 
@@ -184,32 +187,6 @@ func followAll(ctx context.Context, ls *logStream, targets []logTarget, froms []
 	}
 	wg.Wait()
 	return ends
-}
-
-// onServerShutdown calls stop when the control server shuts down (SIGTERM,
-// `deployd shutdown`, a handoff), so that a follow does not hold up
-// http.Server.Shutdown until its deadline. net/http cannot unregister the
-// hook, so what stays registered after the returned release is a few bytes
-// per follow.
-func onServerShutdown(r *http.Request, stop func()) (release func()) {
-	srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
-	if srv == nil {
-		return func() {}
-	}
-	var mu sync.Mutex
-	hook := stop
-	srv.RegisterOnShutdown(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if hook != nil {
-			hook()
-		}
-	})
-	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		hook = nil
-	}
 }
 
 // tailFrom returns the last n lines of the log at path and the offset in the

@@ -89,9 +89,10 @@ func (c *Client) doOn(ctx context.Context, hc *http.Client, method, path string,
 	}
 	resp, err := hc.Do(req)
 	if err != nil && method == http.MethodGet && ctx.Err() == nil && !isDial(err) {
-		// A read-only request that reaches an agent as it hands off to a
-		// new one (upgrade) can have its connection closed unanswered:
-		// ask once more (the new agent answers).
+		// A read-only request whose connection an agent closed unanswered
+		// (it crashed, or was killed, with the request in flight) is asked
+		// once more: a new agent may answer. (An agent that stops or hands
+		// off answers what it accepted: agent/control.go.)
 		if again, rerr := http.NewRequestWithContext(ctx, method, req.URL.String(), nil); rerr == nil {
 			resp, err = hc.Do(again)
 		}
