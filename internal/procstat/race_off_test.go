@@ -1,0 +1,5 @@
+//go:build !race
+
+package procstat
+
+const raceEnabled = false
