@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/deployd/deployd/agent/api"
 )
 
 // controlStopTimeout bounds how long a stopping agent keeps answering the
@@ -24,7 +26,8 @@ const controlStopTimeout = 5 * time.Second
 // connection whose request was still on its way: the client got EOF,
 // although the new agent was serving. So stop first stops accepting, turns
 // keep-alives off (each connection closes after its answer), ends the log
-// follows, waits until every connection it accepted is answered and closed,
+// follows, answers every request still to come with "stopping, ask again"
+// (gate), waits until every connection it accepted is answered and closed,
 // and only then calls Shutdown, which has nothing left to cut.
 type controlServer struct {
 	srv   *http.Server
@@ -41,7 +44,7 @@ func newControlServer(h http.Handler, connContext func(context.Context, net.Conn
 	c := &controlServer{conns: newOpenConns(), served: make(chan struct{}), log: log}
 	c.stopping, c.cancel = context.WithCancel(context.Background())
 	c.srv = &http.Server{
-		Handler:           h,
+		Handler:           c.gate(h),
 		ReadHeaderTimeout: 10 * time.Second,
 		ConnContext:       connContext,
 		ConnState:         c.conns.track,
@@ -60,31 +63,47 @@ func (c *controlServer) serve(l net.Listener) error {
 	return err
 }
 
+// gate answers every request that arrives once the stop has begun with
+// 503 and api.StoppingHeader, without running it: after a handoff this
+// agent must not act any more (a reload here would stop workers the new
+// agent has adopted), and the client asks again, of the new agent. A
+// request that got in before goes on to its answer.
+func (c *controlServer) gate(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c.stopping.Err() == nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set(api.StoppingHeader, "1")
+		writeJSON(w, http.StatusServiceUnavailable, api.Error{Kind: api.KindStopping,
+			Error: "the agent is stopping (shutting down, or handing over to a new agent) and did nothing; ask again"})
+	})
+}
+
 // stop stops accepting, answers what was accepted (at most
 // controlStopTimeout), then shuts the server down.
 func (c *controlServer) stop(l net.Listener) {
-	deadline := time.Now().Add(controlStopTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), controlStopTimeout)
+	defer cancel()
 	c.cancel()
 	c.srv.SetKeepAlivesEnabled(false) // also closes the idle connections
 	// Our copy only: tableflip, or the next agent, holds its own.
 	if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 		c.log.Debug("close the control listener", "error", err)
 	}
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
 	// Serve has returned once Accept failed: every connection it accepted
 	// has been counted by then.
 	select {
 	case <-c.served:
-	case <-t.C:
+	case <-ctx.Done():
 	}
 	select {
 	case <-c.conns.none():
-	case <-t.C:
-		c.log.Warn("control requests still running at shutdown; cutting them", "connections", c.conns.count())
+	case <-ctx.Done():
+		if n := c.conns.count(); n > 0 {
+			c.log.Warn("control requests still running at shutdown; cutting them", "connections", n)
+		}
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
 	_ = c.srv.Shutdown(ctx)
 }
 

@@ -3,14 +3,19 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/deployd/deployd/agent/api"
 )
 
 // waitFor polls cond, which the code under test makes true, for at most 5 s.
@@ -43,14 +48,18 @@ func startControl(t *testing.T, h http.HandlerFunc) (*controlServer, net.Listene
 	return c, ln, path
 }
 
-// TestControlStopAnswersAcceptedRequests: a connection the agent accepted
-// before it began to stop, whose request arrives after, gets its answer.
-// With http.Server.Shutdown alone it got EOF (net/http closes a connection
-// whose request it reads after Shutdown began): during a handoff, a client
-// saw the old agent hang up although the new one was serving.
-func TestControlStopAnswersAcceptedRequests(t *testing.T) {
+// TestControlStopAnswersAcceptedConnections: a connection the agent
+// accepted before it began to stop, whose request arrives after, gets an
+// answer: "stopping, ask again", without the request being run (after a
+// handoff this agent must not act). With http.Server.Shutdown alone it got
+// EOF (net/http closes a connection whose request it reads after Shutdown
+// began): during a handoff, a client saw the old agent hang up although the
+// new one was serving.
+func TestControlStopAnswersAcceptedConnections(t *testing.T) {
+	var ran atomic.Bool
 	c, ln, path := startControl(t, func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "answered")
+		ran.Store(true)
+		_, _ = io.WriteString(w, "ran")
 	})
 	conn, err := net.Dial("unix", path)
 	if err != nil {
@@ -71,23 +80,71 @@ func TestControlStopAnswersAcceptedRequests(t *testing.T) {
 		t.Error("a stopping server still accepts connections")
 	}
 
-	if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: agent\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "POST /v1/reload HTTP/1.1\r\nHost: agent\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
 		t.Fatal(err)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		t.Fatalf("the request accepted before the stop got no answer: %v", err)
+		t.Fatalf("the connection accepted before the stop got no answer: %v", err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK || string(body) != "answered" || !resp.Close {
-		t.Errorf("answer %d %q, Connection: close %v; want 200 \"answered\", closed", resp.StatusCode, body, resp.Close)
+	var e api.Error
+	_ = json.NewDecoder(resp.Body).Decode(&e)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get(api.StoppingHeader) == "" || e.Kind != api.KindStopping || !resp.Close {
+		t.Errorf("answer %d, %s %q, kind %q, Connection: close %v; want 503 stopping, closed",
+			resp.StatusCode, api.StoppingHeader, resp.Header.Get(api.StoppingHeader), e.Kind, resp.Close)
+	}
+	if ran.Load() {
+		t.Error("a request that arrived after the stop began was run")
 	}
 	select {
 	case <-stopped:
 	case <-time.After(5 * time.Second):
 		t.Fatal("stop did not return once the connection was answered")
 	}
+}
+
+// TestControlStopFinishesRequestsInFlight: a request whose handler runs
+// when the stop begins gets its real answer, and the stop waits for it.
+func TestControlStopFinishesRequestsInFlight(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	c, ln, path := startControl(t, func(w http.ResponseWriter, _ *http.Request) {
+		close(entered)
+		<-release
+		_, _ = io.WriteString(w, "done")
+	})
+	type result struct {
+		body string
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}
+		resp, err := client.Post("http://agent/v1/reload", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		got <- result{string(b), err}
+	}()
+	<-entered
+	stopped := make(chan struct{})
+	go func() { c.stop(ln); close(stopped) }()
+	<-c.stopping.Done()
+	select {
+	case <-stopped:
+		t.Fatal("stop returned while a request was in flight")
+	default:
+	}
+	close(release)
+	if r := <-got; r.err != nil || r.body != "done" {
+		t.Fatalf("the request in flight got %q, %v; want its answer", r.body, r.err)
+	}
+	<-stopped
 }
 
 // TestControlStopEndsStreams: a handler streaming on controlStopping ends

@@ -29,10 +29,17 @@ func NewClient(socket string) *Client {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		},
-		MaxIdleConns: 4,
+		// A connection per request: an agent that stops closes its idle
+		// connections, and a request the client was writing on one would
+		// be lost (the agent's answers are small; a unix dial is cheap).
+		DisableKeepAlives: true,
 	}
 	return &Client{Socket: socket, hc: &http.Client{Transport: tr}}
 }
+
+// StoppingHeader marks an agent's answer that it is stopping and did
+// nothing with the request (KindStopping): the client may ask again.
+const StoppingHeader = "Deployd-Stopping"
 
 // UnreachableError says the agent could not be reached.
 type UnreachableError struct {
@@ -72,30 +79,42 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 
 // doOn sends a request with hc (c.hc, or withFile's one-shot client).
 func (c *Client) doOn(ctx context.Context, hc *http.Client, method, path string, body any) (*http.Response, error) {
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			return nil, err
+		}
+	}
+	send := func() (*http.Response, error) {
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(b)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, "http://deployd"+path, rd)
 		if err != nil {
 			return nil, err
 		}
-		rd = bytes.NewReader(b)
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		return hc.Do(req)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://deployd"+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := hc.Do(req)
-	if err != nil && method == http.MethodGet && ctx.Err() == nil && !isDial(err) {
+	resp, err := send()
+	switch {
+	case err != nil && method == http.MethodGet && ctx.Err() == nil && !isDial(err):
 		// A read-only request whose connection an agent closed unanswered
 		// (it crashed, or was killed, with the request in flight) is asked
-		// once more: a new agent may answer. (An agent that stops or hands
-		// off answers what it accepted: agent/control.go.)
-		if again, rerr := http.NewRequestWithContext(ctx, method, req.URL.String(), nil); rerr == nil {
-			resp, err = hc.Do(again)
-		}
+		// once more: a new agent may answer.
+		resp, err = send()
+	case err == nil && resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(StoppingHeader) != "" && hc == c.hc:
+		// The agent is stopping and did nothing (agent/control.go): ask
+		// once more. After a handoff the new agent answers; after a
+		// shutdown the dial fails: unreachable. (Not for withFile's
+		// one-shot client: its file went with the first request.)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		resp, err = send()
 	}
 	if err != nil {
 		var ne *net.OpError

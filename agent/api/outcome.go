@@ -20,6 +20,10 @@ const (
 	KindBusy      Kind = "busy"      // another operation of the app (or an upgrade) runs
 	KindAbandoned Kind = "abandoned" // the new version never got ready; the old one serves
 	KindFailed    Kind = "failed"    // the operation failed
+	// KindStopping: the agent is stopping (a shutdown, or a handoff to a
+	// new agent) and did nothing; the client asks once more, and a new
+	// agent answers if there is one.
+	KindStopping Kind = "stopping"
 )
 
 // Exit codes of the CLI (cli uses these).
@@ -47,6 +51,7 @@ var outcomes = map[Kind]outcome{
 	KindAbandoned: {http.StatusInternalServerError, ExitFailed, OutcomeAbandoned},
 	KindFailed:    {http.StatusInternalServerError, ExitFailed, OutcomeFailed},
 	KindNoCanary:  {http.StatusPreconditionFailed, ExitFailed, OutcomeFailed},
+	KindStopping:  {http.StatusServiceUnavailable, ExitUnreachable, OutcomeRefused},
 }
 
 func (k Kind) get() outcome {

@@ -311,10 +311,13 @@ func (b *bench) goals(w io.Writer) {
 	// later reading, which shows an idle loop's garbage, decides.
 	idle := r.vals("memory", sysDeployd, "idle_rss")
 	later := r.vals("memory", sysDeployd, "idle_later_rss")
-	if len(later) == len(idle) {
+	switch {
+	case len(later) == len(idle):
 		for i := range idle {
 			later[i] = max(idle[i], later[i])
 		}
+	case len(later) == 0:
+		later = idle // no later reading: the first decides
 	}
 	ratioGoal(fmt.Sprintf("agent RSS ≤ 12 MiB idle, 2 apps × %d Node workers, metrics on (MiB, the higher of the two idle readings)", b.instances),
 		scale(later, mib), 12, false)

@@ -46,7 +46,7 @@ func renderDefaultHelp(out io.Writer, templ string, data interface{}, customFunc
 	var f helpFields
 	switch d := data.(type) {
 	case *App:
-		if templ != AppHelpTemplate {
+		if d == nil || templ != AppHelpTemplate {
 			return false
 		}
 		f = helpFields{app: true, helpName: d.HelpName, usage: d.Usage, usageText: d.UsageText,
@@ -54,7 +54,13 @@ func renderDefaultHelp(out io.Writer, templ string, data interface{}, customFunc
 			args: d.Args, hideVersion: d.HideVersion, hasCmds: len(d.Commands) > 0, authors: d.Authors,
 			visibleFlags: d.VisibleFlags, visibleCommands: d.VisibleCommands,
 			visibleCategories: d.VisibleCategories, visibleFlagCategories: d.VisibleFlagCategories}
+		if d.categories == nil { // an App never set up (its Run does)
+			f.visibleCategories = func() []CommandCategory { return categoriesOf(d.Commands) }
+		}
 	case *Command:
+		if d == nil {
+			return false
+		}
 		switch templ {
 		case CommandHelpTemplate:
 		case SubcommandHelpTemplate:
@@ -70,20 +76,7 @@ func renderDefaultHelp(out io.Writer, templ string, data interface{}, customFunc
 			// `app help CMD` shows a command that was never set up: the
 			// template's VisibleCategories panicked there, and its help
 			// stopped after USAGE. Its categories are what setup makes.
-			f.visibleCategories = func() []CommandCategory {
-				cats := newCommandCategories()
-				for _, sc := range d.Subcommands {
-					cats.AddCommand(sc.Category, sc)
-				}
-				sort.Sort(cats.(*commandCategories))
-				var ret []CommandCategory
-				for _, c := range cats.Categories() {
-					if len(c.VisibleCommands()) > 0 {
-						ret = append(ret, c)
-					}
-				}
-				return ret
-			}
+			f.visibleCategories = func() []CommandCategory { return categoriesOf(d.Subcommands) }
 		}
 	default:
 		return false
@@ -139,7 +132,7 @@ func renderDefaultHelp(out io.Writer, templ string, data interface{}, customFunc
 				b.WriteString("\n   ")
 			}
 			if a == nil {
-				b.WriteString("<no value>")
+				b.WriteString("<nil>") // fmt's nil *Author
 			} else {
 				b.WriteString(a.String())
 			}
@@ -223,4 +216,21 @@ func writeCommandCategories(b *strings.Builder, cats []CommandCategory, wrapF fu
 			b.WriteString(wrapF(cmd.Usage, cv))
 		}
 	}
+}
+
+// categoriesOf is the visible categories of cmds as an App's or a
+// Command's setup sorts them.
+func categoriesOf(cmds []*Command) []CommandCategory {
+	cats := newCommandCategories()
+	for _, sc := range cmds {
+		cats.AddCommand(sc.Category, sc)
+	}
+	sort.Sort(cats.(*commandCategories))
+	var ret []CommandCategory
+	for _, c := range cats.Categories() {
+		if len(c.VisibleCommands()) > 0 {
+			ret = append(ret, c)
+		}
+	}
+	return ret
 }
