@@ -159,9 +159,17 @@ func TestStressReloadsKeepAgentSteady(t *testing.T) {
 	// Measured growth after the warm-up: RSS +0.8 to +1.5 MiB and threads +1
 	// (Go heap and runtime threads settling), fds +0. A leak of one goroutine
 	// with its stack, or a few KiB, per reload passes these bounds by far.
-	if g := end.rss - base.rss; g > stressMaxRSSGrowth {
+	// A race-built agent (DEPLOYD_TEST_RACE=1) keeps the race runtime's
+	// shadow memory and goroutine clocks of every worker it ran: the build
+	// of 9911a10 grew 6.2 to 10.7 MiB there (4 runs), so 8 MiB failed it
+	// by chance; its bound is twice the plain one.
+	maxRSS := int64(stressMaxRSSGrowth)
+	if RaceBuild() {
+		maxRSS *= 2
+	}
+	if g := end.rss - base.rss; g > maxRSS {
 		t.Errorf("agent RSS grew by %.1f MiB over %d reloads, more than %d MiB", float64(g)/(1<<20), reloads-warmup,
-			stressMaxRSSGrowth>>20)
+			maxRSS>>20)
 	}
 	if g := end.threads - base.threads; g > stressMaxThreadGrowth {
 		t.Errorf("agent threads grew by %d over %d reloads (%d -> %d), more than %d", g, reloads-warmup,

@@ -29,10 +29,7 @@ func NewClient(socket string) *Client {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		},
-		// A connection per request: an agent that stops closes its idle
-		// connections, and a request the client was writing on one would
-		// be lost (the agent's answers are small; a unix dial is cheap).
-		DisableKeepAlives: true,
+		MaxIdleConns: 4,
 	}
 	return &Client{Socket: socket, hc: &http.Client{Transport: tr}}
 }
