@@ -110,10 +110,10 @@ func parseStat(b []byte) (Stat, error) {
 	if i < 0 {
 		return Stat{}, errors.New("procstat: stat: no command name")
 	}
-	const last = 24 // rss
-	var s Stat
+	const last = 24        // rss
+	var f [last + 1][]byte // f[n] is field n, for n ≥ 3 (the state)
 	rest := b[i+1:]
-	for n := 3; n <= last; n++ { // field 3 is the state
+	for n := 3; n <= last; n++ {
 		rest = bytes.TrimLeft(rest, " \n")
 		if len(rest) == 0 {
 			return Stat{}, fmt.Errorf("procstat: stat: %d fields, want at least %d", n-1, last)
@@ -122,37 +122,28 @@ func parseStat(b []byte) (Stat, error) {
 		if end < 0 {
 			end = len(rest)
 		}
-		field := rest[:end]
-		rest = rest[end:]
-		var dst *uint64
-		switch n {
-		case 14:
-			dst = &s.UTime
-		case 15:
-			dst = &s.STime
-		case 22:
-			dst = &s.StartTicks
-		case 23:
-			dst = &s.VSize
-		case 20, 24:
-			v, ok := parseInt(field)
-			if !ok {
-				return Stat{}, fmt.Errorf("procstat: stat: field %d: %q is not a number", n, string(field))
-			}
-			if n == 20 {
-				s.NumThreads = v
-			} else {
-				s.RSSPages = v
-			}
-			continue
-		default:
-			continue
+		f[n], rest = rest[:end], rest[end:]
+	}
+	bad := 0 // the first field that is not a number
+	u := func(n int) uint64 {
+		v, ok := parseUint(f[n])
+		if !ok && bad == 0 {
+			bad = n
 		}
-		v, ok := parseUint(field)
-		if !ok {
-			return Stat{}, fmt.Errorf("procstat: stat: field %d: %q is not a number", n, string(field))
+		return v
+	}
+	d := func(n int) int64 {
+		v, ok := parseInt(f[n])
+		if !ok && bad == 0 {
+			bad = n
 		}
-		*dst = v
+		return v
+	}
+	var s Stat
+	s.UTime, s.STime, s.NumThreads = u(14), u(15), d(20)
+	s.StartTicks, s.VSize, s.RSSPages = u(22), u(23), d(24)
+	if bad != 0 {
+		return Stat{}, fmt.Errorf("procstat: stat: field %d: %q is not a number", bad, string(f[bad]))
 	}
 	return s, nil
 }
