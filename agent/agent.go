@@ -51,7 +51,8 @@ type SetupError struct{ Err error }
 func (e *SetupError) Error() string { return e.Err.Error() }
 func (e *SetupError) Unwrap() error { return e.Err }
 
-// Agent is a running daemon. mu guards apps and generation; the [agent]
+// Agent is a running daemon. mu guards apps, and is only ever taken in leaf
+// code that calls nothing which may lock (a re-entrant Lock deadlocks); the [agent]
 // settings and the config path are read once at start and never change
 // (each app's running config belongs to its appRT).
 type Agent struct {
@@ -66,7 +67,7 @@ type Agent struct {
 
 	mu         sync.Mutex
 	apps       map[string]*appRT
-	generation int
+	generation atomic.Int64 // the last spec's generation (specFor); no lock
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once

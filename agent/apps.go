@@ -207,10 +207,7 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 // specFor builds the workers.Spec of app's config, a new generation; for an
 // app that takes releases, of release rel ("" = none yet: no workers).
 func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*workers.Spec, error) {
-	a.mu.Lock()
-	a.generation++
-	gen := a.generation
-	a.mu.Unlock()
+	gen := int(a.generation.Add(1))
 	cred, err := credential(app)
 	if err != nil {
 		return nil, err

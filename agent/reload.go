@@ -95,19 +95,10 @@ func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.
 func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int, emit func(workers.Event)) api.AppResult {
 	a.mu.Lock()
 	rt := a.apps[app.Name]
-	if rt == nil { // a new app: start it
-		nrt, err := a.newApp(app)
-		if err != nil {
-			a.mu.Unlock()
-			return appResult(app.Name, err)
-		}
-		a.apps[app.Name] = nrt
-		a.mu.Unlock()
-		res := appResult(app.Name, nrt.sup.Start())
-		res.Release = nrt.sup.Spec().Release
-		return res
-	}
 	a.mu.Unlock()
+	if rt == nil { // a new app: start it
+		return a.addApp(app)
+	}
 	if !rt.busy.TryLock() {
 		return appResult(app.Name, workers.ErrBusy)
 	}
@@ -130,6 +121,30 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	rt.settle(app, lease, err)
 	res := appResult(app.Name, err)
 	res.Release = spec.Release
+	return res
+}
+
+// addApp builds the supervisor of an app that is new in the config, outside
+// a.mu (newApp leases listeners and opens logs), then records it and starts
+// it; a concurrent reload that added it first wins and this one is busy.
+func (a *Agent) addApp(app *config.App) api.AppResult {
+	nrt, err := a.newApp(app)
+	if err != nil {
+		return appResult(app.Name, err)
+	}
+	a.mu.Lock()
+	_, taken := a.apps[app.Name]
+	if !taken {
+		a.apps[app.Name] = nrt
+	}
+	a.mu.Unlock()
+	if taken {
+		nrt.closeLogs()
+		nrt.release()
+		return appResult(app.Name, workers.ErrBusy)
+	}
+	res := appResult(app.Name, nrt.sup.Start())
+	res.Release = nrt.sup.Spec().Release
 	return res
 }
 
