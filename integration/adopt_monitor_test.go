@@ -241,7 +241,9 @@ func TestAdoptedWorkerOverMaxMemoryIsReplaced(t *testing.T) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			st, err := a.Client.Status(t.Context(), "")
+			ctx, cancel := a.Ctx(0)
+			st, err := a.Client.Status(ctx, "")
+			cancel()
 			if err != nil {
 				continue
 			}

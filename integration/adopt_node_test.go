@@ -90,7 +90,9 @@ func TestNodeWorkersAdoptedAcrossUpgrades(t *testing.T) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			st, err := a.Client.Status(t.Context(), "")
+			ctx, cancel := a.Ctx(0)
+			st, err := a.Client.Status(ctx, "")
+			cancel()
 			if err != nil {
 				continue
 			}

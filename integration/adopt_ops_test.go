@@ -266,7 +266,9 @@ max_restarts = 1000`))
 			case <-stopKills:
 				return
 			}
-			st, err := a.Client.Status(t.Context(), "")
+			ctx, cancel := a.Ctx(0)
+			st, err := a.Client.Status(ctx, "")
+			cancel()
 			if err != nil {
 				continue
 			}

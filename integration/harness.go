@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -132,6 +134,72 @@ type Agent struct {
 	done   chan struct{}
 	// cleanupSet: killLeftWorkers is registered (once per Agent).
 	cleanupSet bool
+	// CallTimeout bounds every CLI run and control call the harness makes
+	// (default 3 minutes for the CLI, StatusTimeout for a status); a call
+	// that misses it dumps the agent's goroutines into its log (SIGQUIT) and
+	// fails the test, so that a deadlock is reported, not waited out.
+	CallTimeout time.Duration
+}
+
+// StatusTimeout bounds one status call of the harness.
+const StatusTimeout = 15 * time.Second
+
+// callTimeout is the deadline of one CLI run.
+func (a *Agent) callTimeout() time.Duration {
+	if a.CallTimeout > 0 {
+		return a.CallTimeout
+	}
+	return 3 * time.Minute
+}
+
+// Ctx is a context for one control call of a test: it ends after d (the
+// harness's StatusTimeout when d is 0) or with the test.
+func (a *Agent) Ctx(d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		d = StatusTimeout
+	}
+	return context.WithTimeout(context.Background(), d)
+}
+
+// Stuck fails the test after a control call missed its deadline: every
+// agent process running this config gets SIGQUIT, which makes the Go
+// runtime write all goroutines' stacks to the agent's log (and exit), and
+// the log is printed.
+func (a *Agent) Stuck(what string, err error) {
+	a.t.Helper()
+	pids := a.agentPIDs()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGQUIT)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for Alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	a.t.Fatalf("%s: no answer in time (%v); the agent's goroutines (SIGQUIT to %v) are in its log:\n%s", what, err, pids, a.log.String())
+}
+
+// agentPIDs are the pids of `deployd agent -c <this config>` processes
+// (after upgrades, descendants of the one Start started), found in /proc.
+func (a *Agent) agentPIDs() []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) >= 4 && args[1] == "agent" && slices.Contains(args, a.Config) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // UseOwnBinary makes the agent run from a copy of deployd in its folder, so
@@ -343,7 +411,12 @@ func (a *Agent) checkRace() {
 // Status returns the agent's status.
 func (a *Agent) Status() *api.Status {
 	a.t.Helper()
-	st, err := a.Client.Status(context.Background(), "")
+	ctx, cancel := a.Ctx(StatusTimeout)
+	defer cancel()
+	st, err := a.Client.Status(ctx, "")
+	if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		a.Stuck("status", err)
+	}
 	if err != nil {
 		a.t.Fatalf("status: %v\n%s", err, a.log.String())
 	}
@@ -412,13 +485,18 @@ func (a *Agent) CLI(args ...string) Result {
 // CLIAs runs the CLI with credentials cred (nil: the test's own).
 func (a *Agent) CLIAs(cred *syscall.Credential, args ...string) Result {
 	a.t.Helper()
-	cmd := exec.Command(a.bins.Deployd, args...)
+	ctx, cancel := a.Ctx(a.callTimeout())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, a.bins.Deployd, args...)
 	cmd.Dir = a.Dir
 	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		a.Stuck(fmt.Sprintf("deployd %s (stdout %q, stderr %q)", strings.Join(args, " "), out.String(), errb.String()), ctx.Err())
+	}
 	r := Result{Stdout: out.String(), Stderr: errb.String()}
 	var ee *exec.ExitError
 	switch {

@@ -295,7 +295,9 @@ func TestPromotedCanaryAfterHookIsWaitedFor(t *testing.T) {
 		if r := a.CLI("promote", "web"); r.Code != 0 || !strings.Contains(r.Stderr, "promoted already") || !strings.Contains(r.Stderr, "canary_timeout") {
 			t.Errorf("promote while the after hook runs: exit %d, want 0 and promoted already by canary_timeout\n%s", r.Code, r.Stderr)
 		}
-		v, err := a.Client.Version(t.Context())
+		ctx, cancel := a.Ctx(0)
+		v, err := a.Client.Version(ctx)
+		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -272,7 +272,9 @@ func requireMemberLimits(t *testing.T, a *Agent, m *member) {
 	if r.Code != 1 || !strings.Contains(r.Stderr, "root and the agent's uid") {
 		t.Errorf("member's shutdown: exit %d\n%s", r.Code, r.Stderr)
 	}
-	if _, err := a.Client.Version(t.Context()); err != nil {
+	ctx, cancel := a.Ctx(0)
+	defer cancel()
+	if _, err := a.Client.Version(ctx); err != nil {
 		t.Errorf("the agent stopped after a member's refused shutdown: %v", err)
 	}
 	for _, call := range []string{"POST /v1/deploy", "POST /v1/rollback", "POST /v1/shutdown"} {

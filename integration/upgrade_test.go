@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
@@ -21,7 +20,12 @@ import (
 // agentPID is the pid answering the control socket.
 func agentPID(t *testing.T, a *Agent) (int, string) {
 	t.Helper()
-	v, err := a.Client.Version(context.Background())
+	ctx, cancel := a.Ctx(0)
+	defer cancel()
+	v, err := a.Client.Version(ctx)
+	if ctx.Err() != nil {
+		a.Stuck("version", err)
+	}
 	if err != nil {
 		t.Fatalf("version: %v\n%s", err, a.Log())
 	}
