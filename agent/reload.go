@@ -166,6 +166,9 @@ func (a *Agent) removeApps(cfg *config.Config, emit func(workers.Event)) []api.A
 		rt.sup.Stop()
 		rt.closeLogs()
 		rt.release()
+		if err := a.state.forget(rt.name); err != nil {
+			a.log.Error("removed app: its scaled count or stop stays recorded", "app", rt.name, "error", err)
+		}
 		out = append(out, api.AppResult{App: rt.name, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()})
 	}
 	return out

@@ -39,6 +39,13 @@ func (a *Agent) setup(cfg *config.Config) error {
 		return fmt.Errorf("read the previous agent's handover: %w", err)
 	}
 	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
+	for _, name := range a.state.names() { // apps removed from the config while no agent ran
+		if _, ok := cfg.Apps[name]; !ok {
+			if err := a.state.forget(name); err != nil {
+				return err
+			}
+		}
+	}
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {

@@ -95,6 +95,26 @@ func (s *stateFile) update(app string, fn func(*AppState)) error {
 	return nil
 }
 
+// forget drops the run-time overrides of an app that left the config (its
+// scaled count and `deployd stop`), so that an app of that name added later
+// starts from its config; its releases (current, previous, failed) stay.
+func (s *stateFile) forget(app string) error {
+	s.mu.Lock()
+	st := s.apps[app]
+	s.mu.Unlock()
+	if st == nil || (st.Instances == 0 && !st.Stopped) {
+		return nil
+	}
+	return s.update(app, func(st *AppState) { st.Instances, st.Stopped = 0, false })
+}
+
+// names returns the apps the file holds.
+func (s *stateFile) names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sortedKeys(s.apps)
+}
+
 func (s *stateFile) writeLocked() error {
 	b, err := json.MarshalIndent(stateDoc{Version: stateVersion, Apps: s.apps}, "", "  ")
 	if err != nil {
