@@ -39,7 +39,8 @@ func (a *Agent) setup(cfg *config.Config) error {
 		return fmt.Errorf("read the previous agent's handover: %w", err)
 	}
 	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
-	for _, name := range a.state.names() { // apps removed from the config while no agent ran
+	// Apps removed from the config while no agent ran.
+	for _, name := range a.state.names() {
 		if _, ok := cfg.Apps[name]; !ok {
 			if err := a.state.forget(name); err != nil {
 				return err

@@ -3,9 +3,9 @@ package integration
 import (
 	"encoding/json"
 	"errors"
-	"io/fs"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"os"
