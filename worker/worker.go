@@ -19,6 +19,9 @@
 // inherited fd (named "deployd-health" in LISTEN_FDNAMES), which Listeners
 // returns with the others, so ServeHTTP answers the agent's health checks
 // with srv's own handler. An app that serves only Listeners()[0] does not.
+//
+// This package is imported by apps; it is not the agent's pool of worker
+// processes, which is the internal package workers.
 package worker
 
 import (

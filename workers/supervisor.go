@@ -6,6 +6,9 @@
 // publishes every change as an Event. It owns its policy types (Ready,
 // RestartPolicy) and knows nothing of the agent's config or the control
 // protocol.
+//
+// This is the agent's side of a pool. The package worker (singular) is the
+// app's side: what a Go app imports to serve the listeners it is given.
 package workers
 
 import (
