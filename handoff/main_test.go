@@ -27,7 +27,7 @@ const noRaceExitSleep = "GORACE=atexit_sleep_ms=0"
 const helperLifetime = 20 * time.Second
 
 // helpers are the behaviours of the test binary when it runs as a child
-// (STYLE.md #8). Each returns the exit code.
+// (the os/exec tests' helper-process habit). Each returns the exit code.
 var helpers = map[string]func() int{
 	"print-env":   helperPrintEnv,
 	"notify-send": helperNotifySend,

@@ -33,7 +33,7 @@ const noRaceExitSleep = "GORACE=atexit_sleep_ms=0"
 const helperLifetime = 20 * time.Second
 
 // helpers are the behaviours of the test binary when it runs as a worker
-// (STYLE.md #8). Each returns the exit code.
+// (the os/exec tests' helper-process habit). Each returns the exit code.
 var helpers = map[string]func() int{
 	"serve-ready": serveReady,
 	"exit-now":    exitNow,

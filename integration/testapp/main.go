@@ -1,5 +1,5 @@
 // Command testapp is the HTTP app that deployd's integration tests and benchmarks run as a
-// worker. It speaks the worker contract (DESIGN.md, "The worker contract") through the
+// worker. It speaks the worker contract (docs: "The worker contract") through the
 // libraries a real Go app would use, and its flags make it misbehave on purpose.
 //
 // It uses package worker, as a Go app under deployd would: worker.Listeners for the
