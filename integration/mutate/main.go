@@ -8,6 +8,7 @@
 //
 //	go run ./integration/mutate            # all mutations
 //	go run ./integration/mutate -only drain # the ones whose name contains "drain"
+//	go run ./integration/mutate -check      # every snippet applies and builds; no test runs (CI)
 package main
 
 import (
@@ -86,13 +87,13 @@ var mutations = []mutation{
 	},
 	{
 		Name: "the drain closes connections early",
-		File: "internal/graceful/graceful.go",
+		File: "worker/drain.go",
 		Old:  `	s.wg.Wait() // no Accept runs any more`,
 		New: `	s.wg.Wait() // no Accept runs any more
 	if len(ls) >= 0 {
 		return s.HTTP.Close()
 	}`,
-		Tests: []target{{"./integration/testapp", "^TestListenServesAndDrainsOnSIGTERM$"}, {"./integration", "^TestReloadsUnderLoadDropNothing$"}},
+		Tests: []target{{"./worker", "Drain"}, {"./integration/testapp", "^TestListenServesAndDrainsOnSIGTERM$"}, {"./integration", "^TestReloadsUnderLoadDropNothing$"}},
 	},
 	{
 		Name:  "the Node.js drain closes idle connections at once",
@@ -114,14 +115,15 @@ func main() {
 	only := flag.String("only", "", "run only the mutations whose name contains this")
 	baseline := flag.Bool("baseline", true, "first check that every targeted test passes without mutation")
 	keep := flag.Bool("keep", false, "keep the temporary copy")
+	check := flag.Bool("check", false, "only check that every mutation applies and builds (no test runs)")
 	flag.Parse()
-	if err := run(*only, *baseline, *keep); err != nil {
+	if err := run(*only, *baseline, *keep, *check); err != nil {
 		fmt.Fprintln(os.Stderr, "mutate:", err)
 		os.Exit(1)
 	}
 }
 
-func run(only string, baseline, keep bool) error {
+func run(only string, baseline, keep, check bool) error {
 	root, err := moduleRoot()
 	if err != nil {
 		return err
@@ -162,6 +164,10 @@ func run(only string, baseline, keep bool) error {
 		if err := withMutation(tmp, m, func() error { return nil }); err != nil {
 			return err
 		}
+	}
+	if check {
+		fmt.Printf("all %d mutations apply and build\n", len(todo))
+		return nil
 	}
 	if baseline {
 		if err := checkBaseline(tmp, todo); err != nil {
@@ -240,6 +246,12 @@ func withMutation(dir string, m mutation, fn func() error) error {
 	build.Dir = dir
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s: the mutated code does not build (fix the table):\n%s", m.Name, out)
+	}
+	if ext := filepath.Ext(m.File); ext == ".js" || ext == ".cjs" || ext == ".mjs" {
+		syntax := exec.Command("node", "--check", path)
+		if out, err := syntax.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: the mutated script is not valid JavaScript (fix the table):\n%s", m.Name, out)
+		}
 	}
 	return fn()
 }
