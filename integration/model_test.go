@@ -38,11 +38,18 @@ type modelApp struct {
 	scaled    int // by `deployd scale` (0: none), persisted in state.json
 	version   string
 	stopped   bool // by `deployd stop`, persisted in state.json
+
+	// An app that takes releases (releases = true): version is its
+	// current release ("" before the first deploy: no workers), previous
+	// the one before it, installed every release on disk.
+	releases  bool
+	previous  string
+	installed []string
 }
 
 // want is the number of workers the app must run.
 func (m *modelApp) want() int {
-	if m.stopped {
+	if m.stopped || (m.releases && m.version == "") {
 		return 0
 	}
 	if m.scaled > 0 {
@@ -59,7 +66,8 @@ type opsRun struct {
 	seed    uint64
 	step    int
 	apps    map[string]*modelApp
-	removed map[string]int // app -> the port it had, for apps removed from the config
+	removed map[string]int       // app -> the port it had, for apps removed from the config
+	gone    map[string]*modelApp // apps removed from the config, as they were
 	names   []string       // the pool of app names the generator draws from
 	nextVer int
 	log     []string // the steps so far, printed with a failure
@@ -75,7 +83,7 @@ func TestRandomOperations(t *testing.T) {
 		seed = *opsSeed
 	}
 	r := &opsRun{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), seed: seed,
-		apps: map[string]*modelApp{}, removed: map[string]int{}, names: []string{"web", "api", "jobs"}}
+		apps: map[string]*modelApp{}, removed: map[string]int{}, gone: map[string]*modelApp{}, names: []string{"web", "api", "jobs", "rel"}}
 	r.apps["web"] = &modelApp{port: FreePort(t), instances: 2, version: r.version()}
 	r.a = StartAgent(t, bins, r.config())
 	r.a.CallTimeout = 90 * time.Second
@@ -99,6 +107,11 @@ func (r *opsRun) config() string {
 	var b strings.Builder
 	for _, n := range sortedKeys(r.apps) {
 		m := r.apps[n]
+		if m.releases {
+			fmt.Fprintf(&b, "[apps.%s]\ncommand = [\"./run\"]\nreleases = true\nkeep_releases = 3\ninstances = %d\n"+
+				"listen = [\"tcp://127.0.0.1:%d\"]\nready_timeout = \"10s\"\nstop_timeout = \"10s\"\n\n", n, m.instances, m.port)
+			continue
+		}
 		b.WriteString(appConfig(n, m.port, m.instances, fmt.Sprintf("env = { TESTAPP_VERSION = %q }\n", m.version)))
 	}
 	return b.String()
@@ -119,6 +132,16 @@ func (r *opsRun) cli(args ...string) {
 	}
 }
 
+// refused runs one CLI command that must be refused (exit 1) saying want,
+// and change nothing.
+func (r *opsRun) refused(want string, args ...string) {
+	r.t.Helper()
+	res := r.a.CLI(args...)
+	if res.Code != 1 || !strings.Contains(res.Stderr, want) {
+		r.fail("deployd %s: exit %d, want 1 saying %q\n%s%s", strings.Join(args, " "), res.Code, want, res.Stdout, res.Stderr)
+	}
+}
+
 // pick returns a random running (in the config) app, "" when there is none.
 func (r *opsRun) pick() string {
 	names := sortedKeys(r.apps)
@@ -132,9 +155,12 @@ func (r *opsRun) pick() string {
 func (r *opsRun) do() {
 	r.t.Helper()
 	name := r.pick()
-	op := r.rng.IntN(9)
+	op := r.rng.IntN(12)
 	if name == "" {
 		op = 0
+	}
+	if m := r.apps[name]; m != nil && m.releases && m.version == "" && op >= 2 && op != 10 {
+		op = 10 // an app without a release can only be deployed to
 	}
 	desc := ""
 	switch op {
@@ -156,6 +182,12 @@ func (r *opsRun) do() {
 		}
 		delete(r.removed, n)
 		r.apps[n] = &modelApp{port: port, instances: 1 + r.rng.IntN(2), version: r.version()}
+		if n == "rel" { // takes releases: none until the first deploy
+			r.apps[n].version, r.apps[n].releases = "", true
+			if g := r.gone[n]; g != nil { // its releases stayed on disk and in state.json
+				r.apps[n].version, r.apps[n].previous, r.apps[n].installed = g.version, g.previous, g.installed
+			}
+		}
 		desc = fmt.Sprintf("add %s (%d workers) by a reload", n, r.apps[n].instances)
 		r.logStep(desc)
 		r.a.WriteConfig(r.config())
@@ -167,11 +199,16 @@ func (r *opsRun) do() {
 		}
 		r.logStep("remove " + name + " by a reload")
 		r.removed[name] = r.apps[name].port
+		r.gone[name] = r.apps[name]
 		delete(r.apps, name)
 		r.a.WriteConfig(r.config())
 		r.cli("reload")
 	case 2: // a new version of one app, reloaded by name
 		m := r.apps[name]
+		if m.releases {
+			r.deploy(name)
+			return
+		}
 		m.version = r.version()
 		r.logStep(fmt.Sprintf("reload %s to %s", name, m.version))
 		r.a.WriteConfig(r.config())
@@ -214,6 +251,20 @@ func (r *opsRun) do() {
 			}
 			return false
 		})
+	case 9: // a canary of one worker, then promote or abort
+		r.canary(name)
+	case 10: // deploy a new release to the app that takes releases
+		if r.apps["rel"] == nil {
+			r.do()
+			return
+		}
+		r.deploy("rel")
+	case 11: // roll back (to the previous release, or --to an installed one)
+		if m := r.apps["rel"]; m == nil || m.previous == "" {
+			r.do()
+			return
+		}
+		r.rollback("rel")
 	case 8: // agent upgrade by SIGHUP: the workers are adopted, same pids
 		before := allWorkerPIDs(r.a.Status())
 		old, _ := agentPID(r.t, r.a)
@@ -229,6 +280,98 @@ func (r *opsRun) do() {
 			}
 		}
 	}
+}
+
+// deploy installs and rolls out a new release of a releases app.
+func (r *opsRun) deploy(name string) {
+	r.t.Helper()
+	m := r.apps[name]
+	ver := "1." + strconv.Itoa(r.nextVer) + ".0"
+	r.nextVer++
+	args := []string{"deploy", name, "--artifact", artifactDir(r.t, ver, false), "--version", ver}
+	if m.stopped {
+		r.logStep(fmt.Sprintf("deploy %s %s (stopped: refused)", name, ver))
+		r.refused("is stopped", args...)
+		return
+	}
+	r.logStep(fmt.Sprintf("deploy %s %s", name, ver))
+	r.cli(args...)
+	if m.version != "" {
+		m.previous = m.version
+	}
+	m.version = ver
+	m.installed = append(m.installed, ver)
+	if len(m.installed) > 3 { // keep_releases = 3
+		m.installed = m.installed[len(m.installed)-3:]
+	}
+}
+
+// rollback rolls a releases app back to its previous release, or to
+// another installed one with --to.
+func (r *opsRun) rollback(name string) {
+	r.t.Helper()
+	m := r.apps[name]
+	to := m.previous
+	args := []string{"rollback", name}
+	if r.rng.IntN(2) == 0 {
+		var others []string
+		for _, v := range m.installed {
+			if v != m.version {
+				others = append(others, v)
+			}
+		}
+		to = others[r.rng.IntN(len(others))]
+		args = append(args, "--to", to)
+	}
+	if m.stopped {
+		r.logStep(strings.Join(args, " ") + " (stopped: refused)")
+		r.refused("is stopped", args...)
+		return
+	}
+	r.logStep(fmt.Sprintf("%s (to %s)", strings.Join(args, " "), to))
+	r.cli(args...)
+	m.previous, m.version = m.version, to
+}
+
+// canary reloads one worker of a config app to a new version, holds it,
+// checks that the pool serves both, then promotes or aborts.
+func (r *opsRun) canary(name string) {
+	r.t.Helper()
+	m := r.apps[name]
+	if m.releases || m.want() < 2 {
+		r.logStep("canary of " + name + " (skipped: fewer than 2 workers)")
+		return
+	}
+	old, next := m.version, r.version()
+	m.version = next
+	r.a.WriteConfig(r.config())
+	r.logStep(fmt.Sprintf("reload %s --canary 1 (%s -> %s)", name, old, next))
+	r.cli("reload", name, "--canary", "1")
+	if st := r.a.App(name); st.State != "canary" {
+		r.fail("%s after reload --canary 1: state %q, want canary", name, st.State)
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 40*m.want() && len(seen) < 2; i++ {
+		body, err := get(r.t, m.port, "/")
+		if err != nil {
+			r.fail("%s during the canary: GET /: %v", name, err)
+		}
+		var ver string
+		fmt.Sscanf(body, "version=%s", &ver)
+		seen[ver] = true
+	}
+	if !seen[old] || !seen[next] || len(seen) != 2 {
+		r.fail("%s during the canary serves %v, want %s and %s", name, seen, old, next)
+	}
+	if r.rng.IntN(2) == 0 {
+		r.logStep("promote " + name)
+		r.cli("promote", name)
+		return
+	}
+	r.logStep("abort " + name)
+	r.cli("abort", name)
+	m.version = old
+	r.a.WriteConfig(r.config()) // the file says what runs again
 }
 
 func (r *opsRun) logStep(s string) {
@@ -360,8 +503,9 @@ func (r *opsRun) checkState() {
 	}
 	var doc struct {
 		Apps map[string]struct {
-			Instances int  `json:"instances"`
-			Stopped   bool `json:"stopped"`
+			Instances int    `json:"instances"`
+			Stopped   bool   `json:"stopped"`
+			Current   string `json:"current"`
 		} `json:"apps"`
 	}
 	if err := json.Unmarshal(b, &doc); err != nil {
@@ -369,6 +513,9 @@ func (r *opsRun) checkState() {
 	}
 	for n, m := range r.apps {
 		s := doc.Apps[n]
+		if m.releases && s.Current != m.version {
+			r.fail("state.json for %s: current release %q, the model says %q\n%s", n, s.Current, m.version, b)
+		}
 		if s.Stopped != m.stopped || s.Instances != m.scaled {
 			r.fail("state.json for %s: stopped %v, instances %d; the model says stopped %v, scaled %d\n%s",
 				n, s.Stopped, s.Instances, m.stopped, m.scaled, b)
