@@ -68,7 +68,7 @@ type opsRun struct {
 	apps    map[string]*modelApp
 	removed map[string]int       // app -> the port it had, for apps removed from the config
 	gone    map[string]*modelApp // apps removed from the config, as they were
-	names   []string       // the pool of app names the generator draws from
+	names   []string             // the pool of app names the generator draws from
 	nextVer int
 	log     []string // the steps so far, printed with a failure
 }
