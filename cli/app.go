@@ -96,8 +96,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		ExitErrHandler:         func(*cli.Context, error) {},
 		OnUsageError:           usageError,
 		Commands: []*cli.Command{
-			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(), logsCommand(),
-			scaleCommand(), stopCommand(), startCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
+			agentCommand(), demoCommand(), statusCommand(), listCommand(), showCommand(), monitCommand(), reloadCommand(), restartCommand(), logsCommand(),
+			scaleCommand(), stopCommand(), startCommand(), deleteCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
 		},
 	}
 	setUsageError(app.Commands)
