@@ -320,8 +320,12 @@ const ScaleReset = "reset"
 // ScaledMessage says that app runs n workers as `deployd scale` set them,
 // not the config's instances, and how to change that.
 func ScaledMessage(app string, n, instances int) string {
-	return fmt.Sprintf("%d workers as scaled by `deployd scale` (config says %d); run `deployd scale %s %d` or `deployd scale %s --reset` to follow the config",
-		n, instances, app, instances, app)
+	workers := "workers"
+	if n == 1 {
+		workers = "worker"
+	}
+	return fmt.Sprintf("%d %s as scaled by `deployd scale` (config says %d); run `deployd scale %s %d` or `deployd scale %s --reset` to follow the config",
+		n, workers, instances, app, instances, app)
 }
 
 // ScaleRequest is the body of POST /v1/scale: Instances is "N", "+N", "-N"
