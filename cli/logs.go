@@ -151,6 +151,12 @@ const reconnectFor = 5 * time.Second
 func followAcross(cx context.Context, cl *api.Client, req api.LogsRequest, fn func(api.LogLine)) error {
 	for {
 		err := cl.Logs(cx, req, fn)
+		if req.Follow && cx.Err() != nil {
+			// Ctrl-C, also before the agent answered: it sends the
+			// answer's head with the first line, so a follow of an empty
+			// log waits for it.
+			return nil
+		}
 		var ended *api.FollowEndedError
 		if !req.Follow || !errors.As(err, &ended) {
 			return err
