@@ -43,6 +43,7 @@ func fail(code int, format string, args ...any) error {
 // Main runs the CLI with args (os.Args) and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
+	app.Metadata = map[string]any{"args": args} // as typed: deployd start writes it in the config
 	err := app.Run(interspersed(app, args))
 	if err == nil {
 		return ExitOK

@@ -177,7 +177,10 @@ func startSpecOf(c *cli.Context) (*startSpec, error) {
 	if err != nil {
 		return nil, fail(ExitFailed, "%v", err)
 	}
-	n := &startSpec{file: file, cwd: wd, env: c.String("env"), line: "deployd " + strings.Join(os.Args[1:], " ")}
+	n := &startSpec{file: file, cwd: wd, env: c.String("env"), line: "deployd start " + strings.Join(args, " ")}
+	if typed, ok := c.App.Metadata["args"].([]string); ok && len(typed) > 1 {
+		n.line = "deployd " + strings.Join(typed[1:], " ")
+	}
 	n.name = c.String("name")
 	if n.name == "" {
 		base := filepath.Base(file)
