@@ -89,8 +89,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"connections and the agent is never on the data path. Reloads start new workers,\n" +
 			"wait until they are ready, then drain old ones one by one.\n\n" +
 			"Start with `deployd demo`, then try `deployd status` and `deployd reload` in\n" +
-			"another terminal. Exit codes: 0 ok, 1 operation failed, 2 usage or config error,\n" +
-			"3 agent unreachable.",
+			"another terminal. Coming from PM2: `deployd start app.js -i 2 --port 3000` adds the\n" +
+			"app to ./deployd.toml and starts it; ls, show, logs, monit, scale, delete follow.\n" +
+			"Exit codes: 0 ok, 1 operation failed, 2 usage or config error, 3 agent unreachable.",
 		Writer:                 stdout,
 		ErrWriter:              stderr,
 		UseShortOptionHandling: true,

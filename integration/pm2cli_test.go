@@ -162,6 +162,8 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 		}
 	}
 
+	checkMonit(t, a, pids)
+
 	// Both streams, each line marked; --err alone, unmarked.
 	var logs Result
 	eventually(t, a, "both streams in deployd logs", 20*time.Second, func() bool {
@@ -271,5 +273,45 @@ func TestPM2ScaledCountIsNamed(t *testing.T) {
 	r = cliIn(t, a, a.Dir, "reload", "web")
 	if r.Code != 0 || strings.Contains(r.Stderr, "scaled") {
 		t.Errorf("reload after --reset: exit %d\n%s", r.Code, r.Stderr)
+	}
+}
+
+// checkMonit runs `deployd monit --interval 100ms` until it has redrawn the
+// table with the workers twice, then ends it with Ctrl-C (exit 0).
+func checkMonit(t *testing.T, a *Agent, pids map[int]int) {
+	t.Helper()
+	cmd := exec.Command(bins.Deployd, "monit", "--interval", "100ms")
+	cmd.Dir = a.Dir
+	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	}()
+	eventually(t, a, "two refreshes of deployd monit", 20*time.Second, func() bool {
+		s := out.String()
+		for _, pid := range pids {
+			if strings.Count(s, fmt.Sprint(pid)) < 2 || !strings.Contains(s, "\n--- ") || !strings.Contains(s, "CPU") {
+				return false
+			}
+		}
+		return true
+	})
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-exited:
+		exited <- err // for the deferred wait
+		if err != nil {
+			t.Errorf("deployd monit after Ctrl-C: %v, want exit 0\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("deployd monit still runs 10s after Ctrl-C")
 	}
 }
