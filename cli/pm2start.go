@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -116,7 +117,10 @@ func startFile(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	path := config.Find(c.String("config"))
+	path, err := configToEdit(c)
+	if err != nil {
+		return err
+	}
 	data, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fail(ExitUsage, "read %s: %v", path, err)
@@ -139,6 +143,30 @@ func startFile(c *cli.Context) error {
 		fmt.Fprintf(c.App.ErrWriter, "%s serves port %d; see it with `deployd ls`, `deployd logs %s -f`, `deployd show %s`\n", n.name, n.port, n.name, n.name)
 	}
 	return err
+}
+
+// configToEdit is the config file that start, delete and reload --env
+// edit: -c, $DEPLOYD_CONFIG or ./deployd.toml; when none of them is given
+// and ./deployd.toml does not exist, the file the agent on the socket runs.
+// An agent that runs another file than the one named is refused: the
+// edit would not reach it.
+func configToEdit(c *cli.Context) (string, error) {
+	path := config.Find(c.String("config"))
+	cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
+	st, err := client(c).Status(cx, "")
+	cancel()
+	if err != nil {
+		return path, nil // no agent: the edit waits in the file for one
+	}
+	_, statErr := os.Stat(path)
+	switch {
+	case sameFile(st.Agent.Config, path):
+		return path, nil
+	case c.String("config") == "" && errors.Is(statErr, fs.ErrNotExist):
+		return st.Agent.Config, nil
+	}
+	return "", fail(ExitUsage, "the agent on %s runs %s, not %s: pass -c %s to change its apps",
+		st.Agent.Socket, st.Agent.Config, path, st.Agent.Config)
 }
 
 // applyEdit reloads app after its config changed, so that the agent adds,
@@ -302,7 +330,11 @@ func deleteCommand() *cli.Command {
 			if err := exactArgs(c, 1, "APP"); err != nil {
 				return err
 			}
-			app, path := c.Args().First(), config.Find(c.String("config"))
+			app := c.Args().First()
+			path, err := configToEdit(c)
+			if err != nil {
+				return err
+			}
 			data, err := os.ReadFile(path)
 			if err != nil {
 				return fail(ExitUsage, "read %s: %v", path, err)

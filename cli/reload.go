@@ -290,7 +290,10 @@ func processGone(pid int) bool {
 // selectEnv records environment = env in the config table of each app
 // named (each app with an env_ENV table when none is).
 func selectEnv(c *cli.Context, env string, names []string) error {
-	path := config.Find(c.String("config"))
+	path, err := configToEdit(c)
+	if err != nil {
+		return err
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		return fail(ExitUsage, "%v", err)
