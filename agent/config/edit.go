@@ -133,6 +133,7 @@ func SetAppKey(data []byte, name, key, value string) ([]byte, error) {
 	insert, replace := -1, -1
 	for i := sec.header + 1; i < sec.end; i++ {
 		if !sec.top[i-sec.start] {
+			insert = i + 1 // inside a value that spans lines: after its end
 			continue
 		}
 		s := strings.TrimSpace(lines[i])

@@ -113,6 +113,19 @@ func TestSetAppKey(t *testing.T) {
 	if string(out) != want {
 		t.Fatalf("added:\n%s\nwant:\n%s", out, want)
 	}
+	// After a table whose last key spans lines.
+	out, err = SetAppKey([]byte(editBase), "api", "environment", `"production"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := editBase + "environment = \"production\"\n"; string(out) != want {
+		t.Fatalf("added to api:\n%s\nwant:\n%s", out, want)
+	}
+	multi := "[apps.web]\ncommand = [\n  \"./server\",\n]\n\n# next\n[apps.api]\ncommand = [\"./server\"]\n"
+	out, err = SetAppKey([]byte(multi), "web", "environment", `"production"`)
+	if want := strings.Replace(multi, "]\n\n", "]\nenvironment = \"production\"\n\n", 1); err != nil || string(out) != want {
+		t.Fatalf("added after a multi-line array: %v\n%s\nwant:\n%s", err, out, want)
+	}
 	base := strings.Replace(editBase, "instances = 2\n", "  environment = \"dev\" # was staging\ninstances = 2\n", 1)
 	out, err = SetAppKey([]byte(base), "web", "environment", `"production"`)
 	if err != nil {
