@@ -113,11 +113,11 @@ type startSpec struct {
 }
 
 func startFile(c *cli.Context) error {
-	n, err := startSpecOf(c)
+	path, err := configToEdit(c)
 	if err != nil {
 		return err
 	}
-	path, err := configToEdit(c)
+	n, err := startSpecOf(c, path)
 	if err != nil {
 		return err
 	}
@@ -188,7 +188,7 @@ func applyEdit(c *cli.Context, verb, app, path, onFailure string) (bool, error) 
 }
 
 // startSpecOf reads the PM2 form's arguments and flags.
-func startSpecOf(c *cli.Context) (*startSpec, error) {
+func startSpecOf(c *cli.Context, configPath string) (*startSpec, error) {
 	args := c.Args().Slice()
 	file, rest := args[0], args[1:]
 	if len(rest) > 0 && rest[0] == "--" {
@@ -209,6 +209,12 @@ func startSpecOf(c *cli.Context) (*startSpec, error) {
 	if typed, ok := c.App.Metadata["args"].([]string); ok && len(typed) > 1 {
 		n.line = "deployd " + strings.Join(typed[1:], " ")
 	}
+	n.line = strings.Map(func(r rune) rune { // it becomes a comment line
+		if r < ' ' {
+			return ' '
+		}
+		return r
+	}, n.line)
 	n.name = c.String("name")
 	if n.name == "" {
 		base := filepath.Base(file)
@@ -220,9 +226,16 @@ func startSpecOf(c *cli.Context) (*startSpec, error) {
 	if n.instances, err = pm2InstancesFlag(c); err != nil {
 		return nil, err
 	}
-	script := file
-	if !filepath.IsAbs(script) && !strings.HasPrefix(script, ".") {
-		script = "./" + script // a command's path, not a name looked up in PATH
+	// A program's path in command resolves against the config file's
+	// folder: relative ("./server") when that is this folder, else absolute.
+	script, err := filepath.Abs(file)
+	if err != nil {
+		return nil, fail(ExitFailed, "%v", err)
+	}
+	if cfgAbs, err := filepath.Abs(configPath); err == nil && filepath.Dir(cfgAbs) == wd {
+		if rel, err := filepath.Rel(wd, script); err == nil && !strings.HasPrefix(rel, "..") {
+			script = "./" + rel
+		}
 	}
 	switch interp := c.String("interpreter"); {
 	case interp != "":
