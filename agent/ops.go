@@ -67,7 +67,11 @@ func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer rt.busy.Unlock()
+	reset := req.Instances == api.ScaleReset
 	n, err := parseScale(req.Instances, rt.sup.Spec().Instances)
+	if reset {
+		n, err = rt.config().Instances, nil
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -80,7 +84,12 @@ func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
 	t := time.Now()
 	err = rt.sup.Scale(n, st.event)
 	if err == nil {
-		err = a.state.update(rt.name, func(s *AppState) { s.Instances, s.Stopped = n, false })
+		err = a.state.update(rt.name, func(s *AppState) {
+			s.Instances, s.Stopped = n, false
+			if reset {
+				s.Instances = 0 // the config's count, also after it changes
+			}
+		})
 	}
 	if err == nil {
 		a.log.Info("app scaled", "app", rt.name, "instances", n)

@@ -43,12 +43,17 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 	if all {
 		names = cfg.AppNames
 	}
+	var gone []string // named, running, no longer in the config: removed
 	for _, n := range names {
 		if _, ok := cfg.Apps[n]; !ok {
-			writeError(w, http.StatusNotFound, unknownApp(n, cfg))
-			return
+			if !a.running(n) {
+				writeError(w, http.StatusNotFound, unknownApp(n, cfg))
+				return
+			}
+			gone = append(gone, n)
 		}
 	}
+	names = slices.DeleteFunc(names, func(n string) bool { return slices.Contains(gone, n) })
 	st := newStream(w)
 	if agentChanged {
 		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
@@ -59,8 +64,8 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		st.event(workers.Event{Time: time.Now(), App: "config", Type: workers.EventKind(api.EventNotice), Message: p.String()})
 	}
 	results := a.reloadApps(cfg, names, strategy, req.Canary, st.event)
-	if all {
-		results = append(results, a.removeApps(cfg, st.event)...)
+	if all || len(gone) > 0 {
+		results = append(results, a.removeApps(cfg, gone, st.event)...)
 	}
 	res := &api.Result{OK: true, Apps: results}
 	for _, r := range results {
@@ -114,6 +119,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 		lease.Release()
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
+	a.scaledNotice(app, emit)
 	if canary > 0 {
 		return a.reloadCanary(rt, app, lease, spec, strategy, canary, emit)
 	}
@@ -148,11 +154,34 @@ func (a *Agent) addApp(app *config.App) api.AppResult {
 	return res
 }
 
-// removeApps stops apps that are no longer in cfg.
-func (a *Agent) removeApps(cfg *config.Config, emit func(workers.Event)) []api.AppResult {
+// running reports whether the agent runs an app named name.
+func (a *Agent) running(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.apps[name] != nil
+}
+
+// scaledNotice tells a reload of app that `deployd scale` set its count,
+// which goes on overriding the config's instances.
+func (a *Agent) scaledNotice(app *config.App, emit func(workers.Event)) {
+	n := a.state.get(app.Name).Instances
+	if n <= 0 || n == app.Instances {
+		return
+	}
+	emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice), Message: api.ScaledMessage(app.Name, n, app.Instances)})
+}
+
+// removeApps stops apps that are no longer in cfg: every such app when
+// only is empty, else those named in only. An app removed forgets its
+// scale and stop (its releases stay), so one added again under its name
+// starts from the config.
+func (a *Agent) removeApps(cfg *config.Config, only []string, emit func(workers.Event)) []api.AppResult {
 	a.mu.Lock()
 	var gone []*appRT
 	for n, rt := range a.apps {
+		if len(only) > 0 && !slices.Contains(only, n) {
+			continue
+		}
 		if _, ok := cfg.Apps[n]; !ok {
 			gone = append(gone, rt)
 			delete(a.apps, n)

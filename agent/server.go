@@ -147,7 +147,9 @@ func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
 	}, Apps: []api.App{}}
 	for _, rt := range a.appList() {
 		if name == "" || rt.name == name {
-			st.Apps = append(st.Apps, appStatus(rt))
+			app := appStatus(rt)
+			app.Scaled = a.state.get(rt.name).Instances
+			st.Apps = append(st.Apps, app)
 		}
 	}
 	if name != "" && len(st.Apps) == 0 {

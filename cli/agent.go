@@ -1,17 +1,20 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/urfave/cli/v2"
 
 	"github.com/deployd/deployd/agent"
+	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
 )
 
@@ -92,9 +95,11 @@ func configCommand() *cli.Command {
 			Description: "Reports every problem with its file, line, key and a fix; exit 2 when\n" +
 				"there is one. Warnings (exit 0) are settings that probably do not do what you\n" +
 				"mean; for an app with health checks it says which fd the health listener is\n" +
-				"and warns when the command looks like it serves only fd 3.\n" +
+				"and warns when the command looks like it serves only fd 3. When an agent answers\n" +
+				"on the socket, it also says which apps run a count `deployd scale` set instead of\n" +
+				"their instances.\n" +
 				"Example: deployd config check -c /etc/deployd/deployd.toml",
-			Flags: []cli.Flag{configFlag},
+			Flags: []cli.Flag{configFlag, socketFlag},
 			Action: func(c *cli.Context) error {
 				path := config.Find(c.String("config"))
 				cfg, err := config.Load(path)
@@ -102,6 +107,7 @@ func configCommand() *cli.Command {
 					return fail(ExitUsage, "%v", err)
 				}
 				w := c.App.Writer
+				scaled := scaledCounts(c, cfg.Path)
 				fmt.Fprintf(w, "%s: ok\n  socket    %s\n  state_dir %s\n  log_dir   %s\n",
 					cfg.Path, cfg.Agent.Socket, cfg.Agent.StateDir, cfg.Agent.LogDir)
 				for _, n := range cfg.AppNames {
@@ -116,6 +122,12 @@ func configCommand() *cli.Command {
 					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
 						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw,
 						a.MinReady, a.TCPNoDelay, nodeMode(a))
+					if a.Environment != "" {
+						fmt.Fprintf(w, "    environment %s: the variables of [apps.%s.env_%s] over env\n", a.Environment, n, a.Environment)
+					}
+					if m := scaled[n]; m > 0 && m != a.Instances {
+						fmt.Fprintf(w, "    note: %s: %s\n", n, api.ScaledMessage(n, m, a.Instances))
+					}
 					if h := a.Health; h != nil {
 						fmt.Fprintf(w, "    health: GET %s every %s, timeout %s, replaced after %d failures in a row\n",
 							h.Path, h.Interval, h.Timeout, h.Failures)
@@ -131,6 +143,23 @@ func configCommand() *cli.Command {
 			},
 		}},
 	}
+}
+
+// scaledCounts asks the agent, briefly, which apps run a count `deployd
+// scale` set; nil when no agent answers (config check works without one)
+// or it runs another config file.
+func scaledCounts(c *cli.Context, path string) map[string]int {
+	cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
+	defer cancel()
+	st, err := client(c).Status(cx, "")
+	if err != nil || !sameFile(st.Agent.Config, path) {
+		return nil
+	}
+	out := map[string]int{}
+	for _, a := range st.Apps {
+		out[a.Name] = a.Scaled
+	}
+	return out
 }
 
 func demoCommand() *cli.Command {

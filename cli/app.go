@@ -43,6 +43,7 @@ func fail(code int, format string, args ...any) error {
 // Main runs the CLI with args (os.Args) and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
+	app.Metadata = map[string]any{"args": args} // as typed: deployd start writes it in the config
 	err := app.Run(interspersed(app, args))
 	if err == nil {
 		return ExitOK
@@ -88,16 +89,17 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"connections and the agent is never on the data path. Reloads start new workers,\n" +
 			"wait until they are ready, then drain old ones one by one.\n\n" +
 			"Start with `deployd demo`, then try `deployd status` and `deployd reload` in\n" +
-			"another terminal. Exit codes: 0 ok, 1 operation failed, 2 usage or config error,\n" +
-			"3 agent unreachable.",
+			"another terminal. Coming from PM2: `deployd start app.js -i 2 --port 3000` adds the\n" +
+			"app to ./deployd.toml and starts it; ls, show, logs, monit, scale, delete follow.\n" +
+			"Exit codes: 0 ok, 1 operation failed, 2 usage or config error, 3 agent unreachable.",
 		Writer:                 stdout,
 		ErrWriter:              stderr,
 		UseShortOptionHandling: true,
 		ExitErrHandler:         func(*cli.Context, error) {},
 		OnUsageError:           usageError,
 		Commands: []*cli.Command{
-			agentCommand(), demoCommand(), statusCommand(), reloadCommand(), restartCommand(), logsCommand(),
-			scaleCommand(), stopCommand(), startCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
+			agentCommand(), demoCommand(), statusCommand(), listCommand(), showCommand(), monitCommand(), reloadCommand(), restartCommand(), logsCommand(),
+			scaleCommand(), stopCommand(), startCommand(), deleteCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
 		},
 	}
 	setUsageError(app.Commands)

@@ -25,7 +25,7 @@ func importCommand() *cli.Command {
 			ArgsUsage: "ecosystem.config.js",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "write to `FILE` instead of stdout"},
-				&cli.StringFlag{Name: "env", Usage: "also apply env_`NAME` (as pm2 start --env NAME)"},
+				&cli.StringFlag{Name: "env", Usage: "select env_`NAME` (environment = \"NAME\", as pm2 start --env NAME); every env_NAME becomes an [apps.APP.env_NAME] table"},
 			},
 			Action: runImportPM2,
 		}},
@@ -107,8 +107,12 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 		line("cwd", tomlString(abs))
 	}
 	line("instances", pm2Instances(app["instances"]))
-	env := pm2Env(app, envName)
-	if port := env["PORT"]; port != "" {
+	env, envs := pm2Env(app)
+	port := env["PORT"]
+	if p := envs[envName]["PORT"]; p != "" {
+		port = p
+	}
+	if port != "" {
 		line("listen", tomlList([]string{"tcp://0.0.0.0:" + port}))
 	} else {
 		b.WriteString("# listen     = [\"tcp://0.0.0.0:3000\"] # CHECK: the port your app listens on, if it serves (PM2 has no such key)\n")
@@ -133,10 +137,21 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 	if len(env) > 0 {
 		line("env", tomlTable(env))
 	}
+	if _, ok := envs[envName]; ok {
+		line("environment", tomlString(envName))
+	} else if envName != "" {
+		notes = append(notes, fmt.Sprintf("%s: --env %s: the app has no env_%s", name, envName, envName))
+	}
 	if restart := pm2Restart(app); len(restart) > 0 {
 		fmt.Fprintf(&b, "\n[apps.%s.restart]\n%s\n", name, strings.Join(restart, "\n"))
 	}
-	return b.String(), append(notes, pm2Unmapped(app, name, envName)...)
+	for _, e := range sortedKeys(envs) {
+		fmt.Fprintf(&b, "\n[apps.%s.env_%s]\n", name, e)
+		for _, k := range sortedKeys(envs[e]) {
+			fmt.Fprintf(&b, "%s = %s\n", tomlString(k), tomlString(envs[e][k]))
+		}
+	}
+	return b.String(), append(notes, pm2Unmapped(app, name)...)
 }
 
 // pm2Name is the app's table name: its name (or script) made a valid one.
@@ -172,18 +187,35 @@ func pm2Instances(v any) string {
 	return "1"
 }
 
-// pm2Env is env, with env_NAME over it when envName is set.
-func pm2Env(app map[string]any, envName string) map[string]string {
+// pm2Env is the app's env, and its env_NAME objects by NAME (PM2's
+// per-environment variables, [apps.APP.env_NAME] tables in deployd).
+func pm2Env(app map[string]any) (map[string]string, map[string]map[string]string) {
 	env := map[string]string{}
 	for k, v := range obj(app["env"]) {
 		env[k] = str(v)
 	}
-	if envName != "" {
-		for k, v := range obj(app["env_"+envName]) {
-			env[k] = str(v)
+	envs := map[string]map[string]string{}
+	for key, v := range app {
+		name, ok := strings.CutPrefix(key, "env_")
+		if !ok || !envNameRE.MatchString(name) {
+			continue
 		}
+		vars := map[string]string{}
+		for k, v := range obj(v) {
+			vars[k] = str(v)
+		}
+		envs[name] = vars
 	}
-	return env
+	return env, envs
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // pm2Restart is the [apps.NAME.restart] lines, sorted.
@@ -259,7 +291,7 @@ var pm2Reasons = map[string]string{
 	"source_map_support":    "add --enable-source-maps to node's arguments",
 }
 
-func pm2Unmapped(app map[string]any, name, envName string) []string {
+func pm2Unmapped(app map[string]any, name string) []string {
 	mapped := map[string]bool{"name": true, "script": true, "args": true, "interpreter": true, "node_args": true,
 		"interpreter_args": true, "cwd": true, "instances": true, "env": true, "wait_ready": true,
 		"listen_timeout": true, "kill_timeout": true, "max_memory_restart": true, "user": true,
@@ -273,9 +305,9 @@ func pm2Unmapped(app map[string]any, name, envName string) []string {
 	sort.Strings(keys)
 	for _, k := range keys {
 		switch {
-		case mapped[k], k == "env_"+envName:
+		case mapped[k], strings.HasPrefix(k, "env_") && envNameRE.MatchString(strings.TrimPrefix(k, "env_")):
 		case strings.HasPrefix(k, "env_"):
-			out = append(out, fmt.Sprintf("%s: %s: deployd has one env per app; pass --env %s to apply it", name, k, strings.TrimPrefix(k, "env_")))
+			out = append(out, fmt.Sprintf("%s: %s: not a name deployd takes for an environment (letters, digits, '_', '-')", name, k))
 		case k == "exec_mode": // cluster is what deployd does anyway; fork: instances = 1
 		case pm2Reasons[k] != "":
 			out = append(out, fmt.Sprintf("%s: %s: %s", name, k, pm2Reasons[k]))

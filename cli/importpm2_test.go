@@ -38,7 +38,7 @@ func TestImportPM2WritesALoadableConfig(t *testing.T) {
 	body, _ := os.ReadFile(out)
 	for _, want := range []string{`command       = ["node", "app.js"]`, `listen        = ["tcp://0.0.0.0:3000"]`,
 		`ready         = "node-ipc"`, `ready_timeout = "10000ms"`, `stop_timeout  = "5000ms"`, `max_memory    = "300MiB"`,
-		`"NODE_ENV" = "production"`, "max_restarts = 16", `stop_signal   = "SIGINT"`, "[apps.worker]", "instances     = 1"} {
+		"[apps.web.env_production]\n\"NODE_ENV\" = \"production\"", `environment   = "production"`, "max_restarts = 16", `stop_signal   = "SIGINT"`, "[apps.worker]", "instances     = 1"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("output lacks %q:\n%s", want, body)
 		}

@@ -12,17 +12,28 @@ func scaleCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "scale",
 		Usage:     "change an app's number of workers, live (persisted across restarts)",
-		ArgsUsage: "APP N|+N|-N",
+		ArgsUsage: "APP N|+N|-N | APP --reset",
 		Description: "Scaling up starts new workers and waits until they are ready; scaling down\n" +
 			"drains the highest slots gracefully. The count is kept in state.json and\n" +
-			"overrides the config's instances until the next scale.\n\n" +
-			"Examples: deployd scale web 4; deployd scale web +1; deployd scale web -1",
-		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"}),
+			"overrides the config's instances, also after a reload, until the next scale;\n" +
+			"--reset goes back to the config's instances (and follows them from then on).\n\n" +
+			"Examples: deployd scale web 4; deployd scale web +1; deployd scale web -1\n" +
+			"          deployd scale web --reset",
+		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"},
+			&cli.BoolFlag{Name: "reset", Usage: "go back to the config's instances"}),
 		Action: func(c *cli.Context) error {
-			if err := exactArgs(c, 2, "APP N|+N|-N"); err != nil {
-				return err
+			var app, n string
+			if c.Bool("reset") {
+				if err := exactArgs(c, 1, "APP --reset"); err != nil {
+					return err
+				}
+				app, n = c.Args().Get(0), api.ScaleReset
+			} else {
+				if err := exactArgs(c, 2, "APP N|+N|-N, or APP --reset"); err != nil {
+					return err
+				}
+				app, n = c.Args().Get(0), c.Args().Get(1)
 			}
-			app, n := c.Args().Get(0), c.Args().Get(1)
 			return runStream(c, "scale", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
 				return cl.Scale(cx, app, n, on)
 			})
@@ -45,24 +56,6 @@ func stopCommand() *cli.Command {
 			app := c.Args().First()
 			return runStream(c, "stop", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
 				return cl.StopApp(cx, app, on)
-			})
-		},
-	}
-}
-
-func startCommand() *cli.Command {
-	return &cli.Command{
-		Name:      "start",
-		Usage:     "start an app stopped by `deployd stop`",
-		ArgsUsage: "APP",
-		Flags:     clientFlags(jsonFlag),
-		Action: func(c *cli.Context) error {
-			if err := exactArgs(c, 1, "APP"); err != nil {
-				return err
-			}
-			app := c.Args().First()
-			return runStream(c, "start", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
-				return cl.StartApp(cx, app, on)
 			})
 		},
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/internal/demoapp"
 	"github.com/deployd/deployd/internal/version"
 )
@@ -34,14 +36,24 @@ func reloadCommand() *cli.Command {
 			"Progress goes to stderr; --json prints one JSON event per line and a final result.\n" +
 			"Exit codes: 0 done (or canary held), 1 abandoned or failed (old version still serving),\n" +
 			"or refused (another operation or a held canary), 2 usage or config error, 3 agent unreachable.\n\n" +
+			"--env ENV first records environment = \"ENV\" in each app's table (every app that has\n" +
+			"an [apps.NAME.env_ENV] table, when no app is named), so that the workers start with\n" +
+			"those variables over env, as pm2 reload --env ENV does; the rest of the file is kept.\n\n" +
 			"Examples: deployd reload web --strategy blue-green\n" +
+			"          deployd reload web --env production\n" +
 			"          deployd reload web --canary 1 && deployd status web && deployd promote web",
 		Flags: clientFlags(jsonFlag,
 			&cli.StringFlag{Name: "strategy", Value: "rolling", Usage: "rolling or blue-green"},
 			canaryFlag,
 			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D` (the reload goes on in the agent); default: no limit"},
+			&cli.StringFlag{Name: "env", Usage: "select the env_`ENV` variables of the apps (recorded in the config)"},
 		),
 		Action: func(c *cli.Context) error {
+			if c.IsSet("env") {
+				if err := selectEnv(c, c.String("env"), c.Args().Slice()); err != nil {
+					return err
+				}
+			}
 			s := c.String("strategy")
 			if s != "rolling" && s != "blue-green" {
 				return fail(ExitUsage, "--strategy %q: use rolling or blue-green", s)
@@ -273,4 +285,57 @@ func processGone(pid int) bool {
 	}
 	i := bytes.LastIndexByte(b, ')')
 	return i > 0 && i+2 < len(b) && b[i+2] == 'Z'
+}
+
+// selectEnv records environment = env in the config table of each app
+// named (each app with an env_ENV table when none is).
+func selectEnv(c *cli.Context, env string, names []string) error {
+	path, err := configToEdit(c)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fail(ExitUsage, "%v", err)
+	}
+	named := len(names) > 0
+	if !named {
+		names = cfg.AppNames
+	}
+	var set []string
+	for _, n := range names {
+		a := cfg.Apps[n]
+		switch {
+		case a == nil:
+			return fail(ExitUsage, "no app %q in %s", n, path)
+		case env != "" && !slices.Contains(a.Environments, env):
+			if named {
+				return fail(ExitUsage, "%s has no [apps.%s.env_%s] table in %s: add it with the variables of %s", n, n, env, path, env)
+			}
+			continue
+		case a.Environment == env:
+			continue
+		}
+		if data, err = config.SetAppKey(data, n, "environment", tomlString(env)); err != nil {
+			return fail(ExitUsage, "%s: %v", path, err)
+		}
+		set = append(set, n)
+	}
+	if len(set) == 0 && !named && !slices.ContainsFunc(cfg.AppNames, func(n string) bool { return cfg.Apps[n].Environment == env }) {
+		return fail(ExitUsage, "no app in %s has an env_%s table", path, env)
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	if _, err := config.WriteEdited(path, data); err != nil {
+		return fail(ExitUsage, "%v\nnothing was written to %s", err, path)
+	}
+	for _, n := range set {
+		fmt.Fprintf(c.App.ErrWriter, "%s: environment = %q in %s\n", n, env, path)
+	}
+	return nil
 }

@@ -62,7 +62,7 @@ func printStatus(out io.Writer, st *api.Status) {
 	fmt.Fprintf(out, "agent %s pid %d up %s, rss %s, socket %s\n\n", st.Agent.Version, st.Agent.PID,
 		fmtDuration(st.Agent.UptimeSeconds), fmtBytes(st.Agent.RSSBytes), st.Agent.Socket)
 	if len(st.Apps) == 0 {
-		fmt.Fprintln(out, "no apps configured")
+		fmt.Fprintln(out, "no apps configured; add one with `deployd start app.js --port 3000` or an [apps.NAME] table in the config")
 		return
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

@@ -285,11 +285,11 @@ func fillDisk(t *testing.T, path string) {
 	}
 }
 
-// checkLogsOfEveryApp checks `deployd logs -n 100` (every app) with only app
+// checkLogsOfEveryApp checks `deployd logs --out -n 100` (every app) with only app
 // web: want lines, each prefixed with the app.
 func checkLogsOfEveryApp(t *testing.T, a *Agent, want int) {
 	t.Helper()
-	r := a.CLI("logs", "-n", "100")
+	r := a.CLI("logs", "--out", "-n", "100")
 	if r.Code != 0 || strings.Count(r.Stdout, "\nweb | ") != want-1 || !strings.HasPrefix(r.Stdout, "web | ") {
 		t.Errorf("logs -n 100 (every app): want %d lines, each prefixed \"web | \":\n%s%s", want, r.Stdout, r.Stderr)
 	}

@@ -115,7 +115,7 @@ window = "1m"
 		return true
 	})
 
-	out := a.CLI("logs", "crash", "-n", "100000")
+	out := a.CLI("logs", "crash", "--out", "-n", "100000")
 	errs := a.CLI("logs", "crash", "--err", "-n", "1000")
 	if out.Code != 0 || errs.Code != 0 {
 		t.Fatalf("logs: exit %d, %d\n%s%s", out.Code, errs.Code, out.Stderr, errs.Stderr)
@@ -188,7 +188,7 @@ func TestLogsFollowAcrossRotationAndFlush(t *testing.T) {
 
 	// The plain tail: the last 3 lines, and the rotated files behind them.
 	lastBatch := regexp.MustCompile(`^\S+ \[web \d+ \d+\] log \d+ \d+ 6\n.* log \d+ \d+ 7\n.* log \d+ \d+ 8\n$`)
-	if r := a.CLI("logs", "web", "-n", "3"); r.Code != 0 || !lastBatch.MatchString(r.Stdout) {
+	if r := a.CLI("logs", "web", "--out", "-n", "3"); r.Code != 0 || !lastBatch.MatchString(r.Stdout) {
 		t.Errorf("logs web -n 3: exit %d, want lines 6 to 8 of the last batch:\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	checkLogsOfEveryApp(t, a, 2+total)

@@ -2,7 +2,10 @@
 // HTTP+JSON on the agent's Unix socket. It has the wire types and the client.
 package api
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Paths of the control API.
 const (
@@ -52,6 +55,9 @@ type App struct {
 	// last one ended, until the app's next operation.
 	Canary     *Canary    `json:"canary,omitempty"`
 	LastCanary *CanaryEnd `json:"last_canary,omitempty"`
+	// Scaled is the count `deployd scale` set, which overrides the
+	// config's instances; 0 when the config's count applies.
+	Scaled int `json:"scaled,omitempty"`
 }
 
 // Worker is one worker process.
@@ -307,7 +313,23 @@ const (
 	PathStart = "/v1/start"
 )
 
-// ScaleRequest is the body of POST /v1/scale: Instances is "N", "+N" or "-N".
+// ScaleReset, as ScaleRequest.Instances, goes back to the config's
+// instances and drops the count `deployd scale` set.
+const ScaleReset = "reset"
+
+// ScaledMessage says that app runs n workers as `deployd scale` set them,
+// not the config's instances, and how to change that.
+func ScaledMessage(app string, n, instances int) string {
+	workers := "workers"
+	if n == 1 {
+		workers = "worker"
+	}
+	return fmt.Sprintf("%d %s as scaled by `deployd scale` (config says %d); run `deployd scale %s %d` or `deployd scale %s --reset` to follow the config",
+		n, workers, instances, app, instances, app)
+}
+
+// ScaleRequest is the body of POST /v1/scale: Instances is "N", "+N", "-N"
+// or ScaleReset.
 type ScaleRequest struct {
 	App       string `json:"app"`
 	Instances string `json:"instances"`

@@ -41,6 +41,7 @@ type rawApp struct {
 	Node         toml.Primitive `toml:"node"`
 	Health       toml.Primitive `toml:"health"`
 	Hooks        toml.Primitive `toml:"hooks"`
+	Environment  toml.Primitive `toml:"environment"`
 }
 
 type rawRestart struct {
@@ -123,6 +124,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.command(raw.Command, k("command"), a)
 	d.cwd(raw.Cwd, k("cwd"), a)
 	d.environ(raw.Env, k("env"), a)
+	d.environments(p, raw.Environment, key, a)
 	d.instances(raw.Instances, k("instances"), a)
 	d.listens(raw.Listen, k("listen"), a)
 	if s, ok := get[string](d, raw.Ready, k("ready")); ok {

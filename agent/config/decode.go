@@ -155,7 +155,7 @@ func formatValue(v any) string {
 var (
 	topKeys     = []string{"agent", "apps"}
 	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key"}
-	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "watchdog", "logs", "node", "health", "hooks"}
+	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "watchdog", "logs", "node", "health", "hooks", "environment"}
 	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
 	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress"}
 	healthKeys  = []string{"path", "interval", "timeout", "failures"}
@@ -172,7 +172,7 @@ var examples = map[string]string{
 	"ready_timeout": `"30s"`, "min_ready": `"1s"`, "tcp_nodelay": `false`, "stop_signal": `"SIGTERM"`, "stop_timeout": `"30s"`,
 	"nonblocking": `false`, "max_surge": `1`, "canary_timeout": `"15m"`, "canary_action": `"promote"`, "releases": `true`, "keep_releases": `5`,
 	"max_memory": `"512MiB"`, "cpu_affinity": `true`, "user": `"www-data"`,
-	"group": `"www-data"`, "watchdog": `"10s"`, "node": `"off"`,
+	"group": `"www-data"`, "watchdog": `"10s"`, "node": `"off"`, "environment": `"production" (with an [apps.NAME.env_production] table)`,
 	"backoff": `"100ms"`, "max_backoff": `"10s"`, "max_restarts": `10`,
 	"window": `"1m"`, "stable_after": `"1s"`,
 	"format": `"text"`, "max_size": `"100MiB"`, "max_files": `10`, "max_age": `"168h"`,
@@ -191,7 +191,7 @@ func example(key []string) string {
 		return "[" + keyString(key) + "]"
 	}
 	last := key[len(key)-1]
-	if len(key) == 4 && key[0] == "apps" && key[2] == "env" {
+	if len(key) == 4 && key[0] == "apps" && (key[2] == "env" || isEnvTableKey(key[2])) {
 		return keyString([]string{last}) + ` = "value"`
 	}
 	if ex, ok := examples[last]; ok && len(key) >= 2 {
@@ -235,7 +235,8 @@ func (d *decoder) unknownKeys() {
 			continue
 		}
 		known, checked := knownKeys(k[:len(k)-1])
-		if undecoded[k.String()] || checked && !slices.Contains(known, k[len(k)-1]) {
+		envTable := len(k) == 3 && k[0] == "apps" && isEnvTableKey(k[2])
+		if undecoded[k.String()] || checked && !envTable && !slices.Contains(known, k[len(k)-1]) {
 			reported[k.String()] = true
 			d.ps.addf(k, "", "unknown key; %s", suggest(k[len(k)-1], known))
 		}

@@ -105,8 +105,14 @@ type App struct {
 	Name    string
 	Command []string // argv; Command[0] resolved: absolute path, or a path relative to the release dir when Releases
 	Cwd     string   // absolute; default the config file's folder
-	// Env is added to the agent's environment, sorted "K=V" entries.
+	// Env is added to the agent's environment, sorted "K=V" entries: the
+	// env table's, with those of the selected environment's table over them.
 	Env []string
+	// Environment is the selected environment (`environment = "NAME"`,
+	// whose variables are the [apps.APP.env_NAME] table's), "" for none;
+	// Environments lists the env_NAME tables the app has, sorted.
+	Environment  string
+	Environments []string
 	// Instances is the resolved worker count (>= 1); InstancesSpec the raw
 	// value ("max", "4", "-1").
 	Instances     int

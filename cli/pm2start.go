@@ -1,0 +1,377 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
+)
+
+// `deployd start FILE -i N` and `deployd delete NAME`, as PM2 users type
+// them: they add an app to the config file (or remove it) as text, then
+// have the agent reload that app, which starts (or stops) it.
+
+const startHelp = "Two forms:\n" +
+	"  deployd start APP      start an app stopped by `deployd stop`.\n" +
+	"  deployd start FILE [-i N|max] [--name NAME] --port PORT [--env ENV] [-- ARGS...]\n" +
+	"                         as `pm2 start`: add an [apps.NAME] table for FILE to the config\n" +
+	"                         file, then start it. The rest of the file (comments, layout) is\n" +
+	"                         kept as written; the new table is added at its end.\n\n" +
+	"The PM2 form is taken when the argument is not an app of the config and is a file, or\n" +
+	"when -i, --name, --port or --interpreter is given. .js, .cjs and .mjs files run with node\n" +
+	"(its preload maps the app's listen(PORT) onto the agent's socket and drains on reloads);\n" +
+	"any other file must be executable, or name its interpreter with --interpreter.\n" +
+	"NAME defaults to FILE without its extension; -i defaults to 1 as in PM2, and -i max\n" +
+	"(or 0) is one worker per CPU, -i -1 all CPUs but one. --port PORT (or PORT in the\n" +
+	"environment) is the port the app listens on: the agent opens it, hands it to every\n" +
+	"worker, and sets PORT for the app. --env ENV selects the app's [apps.NAME.env_ENV]\n" +
+	"variables (environment = \"ENV\"); for node it starts with NODE_ENV = \"ENV\".\n\n" +
+	"Examples: deployd start app.js -i 2 --port 3000\n" +
+	"          deployd start server.js -i max --name api --port 8080 --env production\n" +
+	"          deployd start ./bin/worker --port 9000 -- --verbose\n" +
+	"          deployd start web      # after deployd stop web"
+
+func startCommand() *cli.Command {
+	return &cli.Command{
+		Name:        "start",
+		Usage:       "start a stopped app, or add a script to the config and start it (as pm2 start)",
+		ArgsUsage:   "APP | FILE [-- ARGS...]",
+		Description: startHelp,
+		Flags: clientFlags(jsonFlag,
+			&cli.StringFlag{Name: "instances", Aliases: []string{"i"}, Usage: "workers: `N`, max (or 0: one per CPU), -N (all CPUs but N)"},
+			&cli.StringFlag{Name: "name", Usage: "the app's `NAME` in the config (default: FILE without its extension)"},
+			&cli.IntFlag{Name: "port", Usage: "the `PORT` the app listens on (default: $PORT)"},
+			&cli.StringFlag{Name: "env", Usage: "select the app's env_`ENV` variables (environment = \"ENV\")"},
+			&cli.StringFlag{Name: "interpreter", Usage: "run FILE with `PROG` (default: node for .js, .cjs, .mjs; else FILE itself)"},
+			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"},
+		),
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return fail(ExitUsage, "usage: deployd start APP, or deployd start FILE [-i N] [--name NAME] --port PORT (see `deployd start --help`)")
+			}
+			if !pm2Form(c) {
+				return startStopped(c)
+			}
+			return startFile(c)
+		},
+	}
+}
+
+// pm2Form reports whether `deployd start ARG` is the PM2 form: a flag
+// only that form has, or an argument that is a file and no app's name.
+func pm2Form(c *cli.Context) bool {
+	for _, f := range []string{"instances", "name", "port", "interpreter"} {
+		if c.IsSet(f) {
+			return true
+		}
+	}
+	arg := c.Args().First()
+	if cfg, err := config.Load(config.Find(c.String("config"))); err == nil && cfg.Apps[arg] != nil {
+		return false
+	}
+	fi, err := os.Stat(arg)
+	return err == nil && fi.Mode().IsRegular() || strings.Contains(arg, "/") || c.NArg() > 1
+}
+
+func startStopped(c *cli.Context) error {
+	if err := exactArgs(c, 1, "APP"); err != nil {
+		return err
+	}
+	app := c.Args().First()
+	if c.IsSet("env") {
+		return fail(ExitUsage, "--env with an app of the config: run `deployd reload %s --env %s` (it records the choice in the config and reloads)", app, c.String("env"))
+	}
+	return runStream(c, "start", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+		return cl.StartApp(cx, app, on)
+	})
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
+
+// startSpec is what `deployd start FILE` writes.
+type startSpec struct {
+	name, file, cwd string
+	argv            []string
+	instances       string
+	port            int
+	env             string
+	node            bool
+	// line is the command the user typed, kept as a comment.
+	line string
+}
+
+func startFile(c *cli.Context) error {
+	path, err := configToEdit(c)
+	if err != nil {
+		return err
+	}
+	n, err := startSpecOf(c, path)
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fail(ExitUsage, "read %s: %v", path, err)
+	}
+	edited, err := config.AppendApp(data, n.name, n.block())
+	switch {
+	case errors.Is(err, config.ErrAppExists):
+		return fail(ExitUsage, "app %q is already in %s: pick another --name, apply a change to it with `deployd reload %s`, or remove it first with `deployd delete %s`",
+			n.name, path, n.name, n.name)
+	case err != nil:
+		return fail(ExitUsage, "%s: %v", path, err)
+	}
+	if _, err := config.WriteEdited(path, edited); err != nil {
+		return fail(ExitUsage, "%v\nnothing was written to %s", err, path)
+	}
+	fmt.Fprintf(c.App.ErrWriter, "added [apps.%s] to %s\n", n.name, path)
+	applied, err := applyEdit(c, "start", n.name, path,
+		fmt.Sprintf("%s stays in %s: fix it and run `deployd reload %s`, or `deployd delete %s`", n.name, path, n.name, n.name))
+	if applied && !c.Bool("json") {
+		fmt.Fprintf(c.App.ErrWriter, "%s serves port %d; see it with `deployd ls`, `deployd logs %s -f`, `deployd show %s`\n", n.name, n.port, n.name, n.name)
+	}
+	return err
+}
+
+// configToEdit is the config file that start, delete and reload --env
+// edit: -c, $DEPLOYD_CONFIG or ./deployd.toml; when none of them is given
+// and ./deployd.toml does not exist, the file the agent on the socket runs.
+// An agent that runs another file than the one named is refused: the
+// edit would not reach it.
+func configToEdit(c *cli.Context) (string, error) {
+	path := config.Find(c.String("config"))
+	cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
+	st, err := client(c).Status(cx, "")
+	cancel()
+	if err != nil {
+		return path, nil // no agent: the edit waits in the file for one
+	}
+	_, statErr := os.Stat(path)
+	switch {
+	case sameFile(st.Agent.Config, path):
+		return path, nil
+	case c.String("config") == "" && errors.Is(statErr, fs.ErrNotExist):
+		return st.Agent.Config, nil
+	}
+	return "", fail(ExitUsage, "the agent on %s runs %s, not %s: pass -c %s to change its apps",
+		st.Agent.Socket, st.Agent.Config, path, st.Agent.Config)
+}
+
+// applyEdit reloads app after its config changed, so that the agent adds,
+// changes or removes it, and reports whether an agent did. An agent that
+// does not run is no error: the edit is in the file, and the agent applies
+// it when it starts.
+func applyEdit(c *cli.Context, verb, app, path, onFailure string) (bool, error) {
+	err := runStream(c, verb, func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+		return cl.Reload(cx, api.ReloadRequest{Apps: []string{app}}, on)
+	})
+	if exitCodeOf(err) == ExitUnreachable {
+		fmt.Fprintf(c.App.ErrWriter, "the agent does not answer (%v); it applies %s when it starts: deployd agent -c %s\n", err, path, path)
+		return false, nil
+	}
+	if err != nil && onFailure != "" {
+		fmt.Fprintln(c.App.ErrWriter, onFailure)
+	}
+	return err == nil, err
+}
+
+// startSpecOf reads the PM2 form's arguments and flags.
+func startSpecOf(c *cli.Context, configPath string) (*startSpec, error) {
+	args := c.Args().Slice()
+	file, rest := args[0], args[1:]
+	if len(rest) > 0 && rest[0] == "--" {
+		rest = rest[1:]
+	}
+	fi, err := os.Stat(file)
+	switch {
+	case err != nil:
+		return nil, fail(ExitUsage, "%s: no such file or app (`deployd start APP` starts a stopped app, `deployd start FILE` adds FILE as an app)", file)
+	case !fi.Mode().IsRegular():
+		return nil, fail(ExitUsage, "%s: not a file; give the script or program to run", file)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, fail(ExitFailed, "%v", err)
+	}
+	n := &startSpec{file: file, cwd: wd, env: c.String("env"), line: "deployd start " + strings.Join(args, " ")}
+	if typed, ok := c.App.Metadata["args"].([]string); ok && len(typed) > 1 {
+		n.line = "deployd " + strings.Join(typed[1:], " ")
+	}
+	n.line = strings.Map(func(r rune) rune { // it becomes a comment line
+		if r < ' ' {
+			return ' '
+		}
+		return r
+	}, n.line)
+	n.name = c.String("name")
+	if n.name == "" {
+		base := filepath.Base(file)
+		n.name = strings.TrimSuffix(base, filepath.Ext(base))
+	}
+	if n.env != "" && !envNameRE.MatchString(n.env) {
+		return nil, fail(ExitUsage, "--env %q: use letters, digits, '_' or '-', e.g. --env production", n.env)
+	}
+	if n.instances, err = pm2InstancesFlag(c); err != nil {
+		return nil, err
+	}
+	// A program's path in command resolves against the config file's
+	// folder: relative ("./server") when that is this folder, else absolute.
+	script, err := filepath.Abs(file)
+	if err != nil {
+		return nil, fail(ExitFailed, "%v", err)
+	}
+	if cfgAbs, err := filepath.Abs(configPath); err == nil && filepath.Dir(cfgAbs) == wd {
+		if rel, err := filepath.Rel(wd, script); err == nil && !strings.HasPrefix(rel, "..") {
+			script = "./" + rel
+		}
+	}
+	switch interp := c.String("interpreter"); {
+	case interp != "":
+		n.argv = []string{interp, file}
+		n.node = filepath.Base(interp) == "node"
+	case isNodeScript(file):
+		n.argv, n.node = []string{"node", file}, true
+	case fi.Mode()&0o111 == 0:
+		return nil, fail(ExitUsage, "%s is not executable and not a .js, .cjs or .mjs file: give its interpreter (--interpreter python3) or chmod +x %s", file, file)
+	default:
+		n.argv = []string{script}
+	}
+	n.argv = append(n.argv, rest...)
+	if n.port = c.Int("port"); !c.IsSet("port") {
+		if p := os.Getenv("PORT"); p != "" {
+			if n.port, err = strconv.Atoi(p); err != nil {
+				return nil, fail(ExitUsage, "PORT=%q in the environment is not a port number; pass --port N", p)
+			}
+		}
+	}
+	switch {
+	case n.port == 0:
+		return nil, fail(ExitUsage, "which port does %s listen on? add --port N (or set PORT): the agent opens that port and hands it to every worker, "+
+			"which is how reloads lose no connection; an app that serves no port needs a config table written by hand", file)
+	case n.port < 1 || n.port > 65535:
+		return nil, fail(ExitUsage, "--port %d: want 1 to 65535", n.port)
+	}
+	return n, nil
+}
+
+func isNodeScript(file string) bool {
+	switch filepath.Ext(file) {
+	case ".js", ".cjs", ".mjs":
+		return true
+	}
+	return false
+}
+
+// pm2InstancesFlag maps -i as PM2 reads it: max and 0 are one worker per
+// CPU, -N all CPUs but N, N that many; without -i one worker, PM2's default.
+func pm2InstancesFlag(c *cli.Context) (string, error) {
+	if !c.IsSet("instances") {
+		return "1", nil
+	}
+	s := strings.TrimSpace(c.String("instances"))
+	if s == "max" || s == "0" {
+		return `"max"`, nil
+	}
+	v, err := strconv.Atoi(s)
+	switch {
+	case err != nil:
+		return "", fail(ExitUsage, "-i %q: use a number of workers, max (one per CPU) or -N (all CPUs but N)", s)
+	case v < 0:
+		return strconv.Quote(s), nil
+	}
+	return strconv.Itoa(v), nil
+}
+
+// block is the [apps.NAME] table text for n.
+func (n *startSpec) block() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# added by `%s`\n", n.line)
+	fmt.Fprintf(&b, "[apps.%s]\n", tomlKey(n.name))
+	fmt.Fprintf(&b, "command   = %s\n", tomlList(n.argv))
+	fmt.Fprintf(&b, "cwd       = %s\n", tomlString(n.cwd))
+	fmt.Fprintf(&b, "instances = %s\n", n.instances)
+	fmt.Fprintf(&b, "listen    = [\"tcp://0.0.0.0:%d\"]\n", n.port)
+	fmt.Fprintf(&b, "env       = { PORT = \"%d\" }\n", n.port)
+	if n.env != "" {
+		fmt.Fprintf(&b, "environment = %s\n", tomlString(n.env))
+		fmt.Fprintf(&b, "\n[apps.%s.env_%s]\n", tomlKey(n.name), n.env)
+		if n.node {
+			fmt.Fprintf(&b, "NODE_ENV = %s\n", tomlString(n.env))
+		} else {
+			fmt.Fprintf(&b, "# the variables of --env %s, e.g. MODE = \"%s\"\n", n.env, n.env)
+		}
+	}
+	return b.String()
+}
+
+// tomlKey writes an app name as a TOML key (bare when it can be).
+func tomlKey(s string) string {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return tomlString(s)
+		}
+	}
+	return s
+}
+
+func deleteCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "delete",
+		Aliases:   []string{"del"},
+		Usage:     "remove an app from the config file and stop it (as pm2 delete)",
+		ArgsUsage: "APP",
+		Description: "Removes the [apps.APP] table, its sub-tables ([apps.APP.env], ...) and the comment\n" +
+			"lines directly above them from the config file; the rest of the file is kept as\n" +
+			"written. Then the agent stops the app's workers gracefully (a reload of APP, which\n" +
+			"removes an app that left the config) and closes its listeners. Other apps are not\n" +
+			"touched. The app's releases stay on disk.\n\n" +
+			"Example: deployd delete api",
+		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"}),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP"); err != nil {
+				return err
+			}
+			app := c.Args().First()
+			path, err := configToEdit(c)
+			if err != nil {
+				return err
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return fail(ExitUsage, "read %s: %v", path, err)
+			}
+			edited, err := config.RemoveApp(data, app)
+			errNoApp := err
+			switch {
+			case errors.Is(err, config.ErrNoApp):
+				fmt.Fprintf(c.App.ErrWriter, "%s has no [apps.%s]; asking the agent to stop it if it runs\n", path, app)
+			case err != nil:
+				return fail(ExitUsage, "%s: %v", path, err)
+			default:
+				if _, err := config.WriteEdited(path, edited); err != nil {
+					return fail(ExitUsage, "%v\nnothing was written to %s", err, path)
+				}
+				fmt.Fprintf(c.App.ErrWriter, "removed [apps.%s] from %s\n", app, path)
+			}
+			_, err = applyEdit(c, "delete", app, path, "")
+			var se *api.StatusError
+			if errors.As(err, &se) && se.Code == http.StatusNotFound && !errors.Is(errNoApp, config.ErrNoApp) {
+				fmt.Fprintf(c.App.ErrWriter, "%s was not running\n", app)
+				return nil
+			}
+			return err
+		},
+	}
+}
