@@ -217,7 +217,7 @@ func (s *Supervisor) stop() {
 
 // startAll moves the pool to fresh slots of spec and starts a worker in
 // each, then waits until all are ready or ready_timeout passes.
-func (o *op) startAll(spec *Spec) error { return o.startAdopting(spec, nil, nil) }
+func (o *op) startAll(spec *Spec) error { return o.startAdopting(spec, nil, nil, nil) }
 
 // waitAllReady waits for every worker of ws, publishing each ready one.
 func (o *op) waitAllReady(ws []*Worker, spec *Spec) []error {
