@@ -86,6 +86,12 @@ type Options struct {
 	// NotifyDir is the folder of the workers' NOTIFY_SOCKET paths, one
 	// private folder per worker inside; "" gives abstract sockets.
 	NotifyDir string
+	// BeforeStart, when set, is called before each worker process starts
+	// (from the loop too: it must not call the supervisor); an error
+	// refuses the start (ErrNotRecorded). Marker, when set, is every
+	// worker's DEPLOYD_AGENT_ID. See spawn.go.
+	BeforeStart func(slot int) error
+	Marker      string
 }
 
 // Supervisor keeps one app's workers running. Its state is owned by one
@@ -138,6 +144,7 @@ func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
 		notifyDir: s.opts.NotifyDir, log: s.log, healthFailed: &s.healthFailed,
+		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker,
 	}
 }
 
