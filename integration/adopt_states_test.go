@@ -254,3 +254,94 @@ func summary(before, after *api.Status) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// TestSystemdReloadTakesEveryAppOverAsItIs is the systemd path: the agent
+// runs under socket activation (web's socket comes from "systemd") with a
+// NOTIFY_SOCKET, and each reload is what `systemctl reload` runs,
+// ExecReload=/bin/kill -HUP $MAINPID, with MAINPID the last one the agent
+// announced. Twice: the second reload reaches the agent that took over.
+func TestSystemdReloadTakesEveryAppOverAsItIs(t *testing.T) {
+	web, bad, broken, idle := FreePort(t), FreePort(t), FreePort(t), FreePort(t)
+	a := NewAgentDir(t, bins, statesConfig(web, bad, broken, idle))
+	notify := listenNotify(t, a.Dir)
+	startActivated(t, a, fmt.Sprintf("127.0.0.1:%d", web), "web", "NOTIFY_SOCKET="+notify.path)
+	setUpStates(t, a)
+	stop := startLoad(t, web, 20, 2*time.Minute)
+	first := statusWithin(t, a)
+	mainPID := agentPIDWithin(a)
+	notify.wait(t, fmt.Sprintf(`(?m)^MAINPID=%d$`, mainPID))
+	for i := 1; i <= 2; i++ {
+		before := statusWithin(t, a)
+		t0 := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), controlTimeout)
+		out, err := exec.CommandContext(ctx, "/bin/kill", "-HUP", fmt.Sprint(mainPID)).CombinedOutput()
+		cancel()
+		if err != nil {
+			t.Fatalf("kill -HUP $MAINPID (%d): %v %s", mainPID, err, out)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for pid := agentPIDWithin(a); pid == 0 || pid == mainPID || Alive(mainPID); pid = agentPIDWithin(a) {
+			if time.Now().After(deadline) {
+				t.Fatalf("reload %d: agent %d still serving 60s after SIGHUP\n%s", i, mainPID, a.Log())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		took := time.Since(t0)
+		mainPID = agentPIDWithin(a)
+		notify.wait(t, fmt.Sprintf(`(?m)^READY=1$[\s\S]*^MAINPID=%d$`, mainPID))
+		after := statusWithin(t, a)
+		checkStatesKept(t, fmt.Sprintf("systemctl reload %d", i), before, after)
+		t.Logf("systemctl reload %d in %v (MAINPID now %d): %s", i, took.Round(time.Millisecond), mainPID, summary(before, after))
+	}
+	ka, nka := stop()
+	requireNoFailures(t, "keep-alive clients", ka)
+	requireNoFailures(t, "new-connection clients", nka)
+	last := statusWithin(t, a)
+	if !samePIDs(allWorkerPIDs(&api.Status{Apps: []api.App{appOf(first, "web")}}),
+		allWorkerPIDs(&api.Status{Apps: []api.App{appOf(last, "web")}})) {
+		t.Errorf("web pids %v after 2 reloads, want %v", PIDs(appOf(last, "web")), PIDs(appOf(first, "web")))
+	}
+	t.Logf("2 systemctl reloads: web pids %v kept; load: keep-alive %s; new-connection %s", PIDs(appOf(last, "web")), ka, nka)
+}
+
+// TestUpgradeRefusedMidOperation: an app in the middle of a reload has no
+// state to hand over: the upgrade is refused up front, naming the app and
+// what to do, and nothing changes; once the reload is done the upgrade
+// goes through.
+func TestUpgradeRefusedMidOperation(t *testing.T) {
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, appConfig("web", port, 1, ""))
+	a.UseOwnBinary()
+	a.Start()
+	waitStatus(t, a, "ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	old := agentPIDWithin(a)
+	a.WriteConfig(appConfig("web", port, 1, `env = { TESTAPP_STARTUP_DELAY = "3s" }`))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reload := exec.CommandContext(ctx, a.bins.Deployd, "reload", "web")
+	reload.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
+	if err := reload.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reloaded := make(chan error, 1)
+	go func() { reloaded <- reload.Wait() }()
+	waitStatus(t, a, "web reloading", 20*time.Second, func(st *api.Status) bool { return appOf(st, "web").State == "reloading" })
+	r := cliWithin(t, a, time.Minute, "upgrade")
+	t.Logf("upgrade during the reload: exit %d: %s", r.Code, strings.TrimSpace(r.Stderr))
+	if r.Code == 0 || !strings.Contains(r.Stderr, "app web") || !strings.Contains(r.Stderr, "wait for it to finish") {
+		t.Errorf("upgrade during a reload: exit %d, %q; want a refusal naming the app and what to do", r.Code, r.Stderr)
+	}
+	if pid := agentPIDWithin(a); pid != old {
+		t.Fatalf("agent %d serves after the refused upgrade, want %d", pid, old)
+	}
+	select {
+	case err := <-reloaded:
+		if err != nil {
+			t.Fatalf("reload: %v\n%s", err, a.Log())
+		}
+	case <-ctx.Done():
+		t.Fatalf("reload did not end within a minute\n%s", a.Log())
+	}
+	upgradeWithin(t, a, "cli")
+	waitStatus(t, a, "ready after the upgrade", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+}
