@@ -81,14 +81,13 @@ func (s *Supervisor) AdoptPool(pool *PoolHandover, hs []*Handover) error {
 }
 
 // Restore gives a pool that does not run (a stopped app) the state a
-// previous agent described: its last exit and counters. It changes no
-// worker.
+// previous agent described: its last exit. It changes no worker.
 func (s *Supervisor) Restore(pool *PoolHandover) {
 	if pool == nil {
 		return
 	}
 	s.call(func(st *state) {
-		st.lastExit, st.lastLines, st.ctr.Restarts = pool.LastExit, slices.Clone(pool.LastLines), pool.Restarts
+		st.lastExit, st.lastLines = pool.LastExit, slices.Clone(pool.LastLines)
 	})
 }
 
@@ -199,7 +198,7 @@ func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Hand
 		s.setApp(st, AppStarting, func() {
 			st.spec, st.slots = spec, slots
 			if pool != nil {
-				st.lastExit, st.lastLines, st.ctr.Restarts = pool.LastExit, slices.Clone(pool.LastLines), pool.Restarts
+				st.lastExit, st.lastLines = pool.LastExit, slices.Clone(pool.LastLines)
 			}
 		})
 	})

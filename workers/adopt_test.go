@@ -269,9 +269,6 @@ func TestAdoptPoolKeepsACrashLoop(t *testing.T) {
 		t.Errorf("after adoption: state %s, restarts %d (before %d), last exit %q", st.State, st.Restarts, before.Restarts, st.LastExit)
 	}
 	waitFor(t, "restarts under the next supervisor", func() bool { return next.Status().Restarts >= before.Restarts+2 })
-	if c := next.Counters(); c.Restarts < uint64(before.Restarts) {
-		t.Errorf("restart counter %d, want at least %d", c.Restarts, before.Restarts)
-	}
 }
 
 // An errored pool stays errored: same counters and last exit, and no

@@ -119,9 +119,9 @@ type PoolHandover struct {
 	State     AppState `json:"state"`
 	LastExit  string   `json:"last_exit,omitempty"`
 	LastLines []string `json:"last_lines,omitempty"`
-	// Restarts is Counters.Restarts.
-	Restarts uint64         `json:"restarts"`
-	Slots    []SlotHandover `json:"slots"`
+	// Slots carry the restart counts status shows; Counters (metrics)
+	// count from each agent's start, as a process's counters do.
+	Slots []SlotHandover `json:"slots"`
 	// Healthy: running, every slot's worker ready. Only such an app's
 	// readiness under the next agent can tell that agent is broken.
 	Healthy bool `json:"healthy"`
@@ -218,7 +218,7 @@ func (s *Supervisor) HandOverPool() (*PoolHandover, []*Handover, error) {
 // poolHandover describes the pool's state. Run by the loop.
 func (st *state) poolHandover() *PoolHandover {
 	p := &PoolHandover{State: st.app, LastExit: st.lastExit, LastLines: slices.Clone(st.lastLines),
-		Restarts: st.ctr.Restarts, Healthy: st.app == AppRunning}
+		Healthy: st.app == AppRunning}
 	for _, sl := range st.slots {
 		ps := SlotHandover{Index: sl.index, Restarts: sl.restarts, Crashes: slices.Clone(sl.crashes),
 			Backoff: sl.backoff, MemoryReplacements: sl.memoryReplacements,
