@@ -9,6 +9,8 @@ import (
 	"sort"
 	"syscall"
 	"time"
+
+	"github.com/deployd/deployd/handoff"
 )
 
 // Handover describes one running worker that an agent hands to the next
@@ -169,9 +171,10 @@ func (s *Supervisor) HandOver() ([]*Handover, error) {
 // describes them with the pool's state. The caller passes them on, then
 // calls Resume (the handoff failed: nothing changed) or Release (the next
 // agent has them). A worker being replaced, or one that cannot be
-// described, is not handed over: the next agent finds its slot without a
-// worker (it restarts it as after a crash) and this one stops it in
-// Release.
+// described, is not handed over: the next agent starts a worker for its
+// slot and this one stops it in Release; one that exited meanwhile is
+// described as exited (the next agent counts the crash and restarts the
+// slot after its backoff).
 func (s *Supervisor) HandOverPool() (*PoolHandover, []*Handover, error) {
 	o, err := s.begin("agent upgrade", nil)
 	if err != nil {
@@ -200,8 +203,15 @@ func (s *Supervisor) HandOverPool() (*PoolHandover, []*Handover, error) {
 		h := w.describe()
 		if h == nil {
 			// Not described: it keeps being read here, and the next agent
-			// restarts its slot; Release stops this one.
+			// starts a worker for its slot; Release stops this one.
 			o.change(func(*state) { delete(ho.workers, w) })
+			if !handoff.Running(w.PID, w.startTime) {
+				for i := range pool.Slots {
+					if pool.Slots[i].Index == w.Slot && pool.Slots[i].Exit == "" {
+						pool.Slots[i].Exit = "exited during the agent upgrade"
+					}
+				}
+			}
 			continue
 		}
 		for _, ps := range pool.Slots {
