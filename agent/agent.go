@@ -84,6 +84,8 @@ type Agent struct {
 	inherited *received
 	orphans   map[string][]*workers.Handover // handed over for apps this agent does not run
 	changed   chan struct{}                  // wakes the recorder (survivors.go)
+	book      recordBook                     // this agent's record on disk (survivors.go)
+	marker    string                         // every worker's DEPLOYD_AGENT_ID (survivors.go)
 	retiring  sync.WaitGroup                 // retireLater in flight
 	// found are the workers dead agents left, foundRecords their records
 	// (survivors.go): retired once this agent's workers are ready.
@@ -123,6 +125,7 @@ func Run(opts Options) error {
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
+	a.marker = agentMarker(cfg.Agent.StateDir)
 	socks := a.activation()
 	if !upg.HasParent() {
 		// Workers a killed agent left: their sockets first (still bound),

@@ -2,11 +2,13 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"time"
 
+	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers"
 )
@@ -23,19 +25,28 @@ type handoverHeader struct {
 	// RestartWorkers: the sender drains its workers itself (upgrade
 	// --restart-workers); no worker parcel follows.
 	RestartWorkers bool `json:"restart_workers,omitempty"`
-	// Workers is how many worker parcels follow (version 2 on): a stream
-	// cut short (the sender failed midway) makes the next agent give up
-	// rather than start its own workers beside the ones it did not get.
+	// Workers is how many parcels follow (version 2 on): a stream cut
+	// short (the sender failed midway) makes the next agent give up rather
+	// than start its own workers beside the ones it did not get.
 	Workers int `json:"workers"`
+	// Unhealthy (version 3 on) are the apps not running with every worker
+	// ready under the sender (crash-looping, errored, stopped): whether
+	// their workers get ready under the next agent does not decide the
+	// upgrade, which only the agent's own readiness does.
+	Unhealthy []string `json:"unhealthy,omitempty"`
 }
 
-// handoverVersion is the header's version; 2 added Workers.
-const handoverVersion = 2
+// handoverVersion is the header's version; 2 added Workers, 3 the pool
+// parcels (the state of each app: workerParcel.Pool) and Unhealthy.
+const handoverVersion = 3
 
-// workerParcel is the header of each following parcel.
+// workerParcel is the header of each following parcel: a worker, or
+// (version 3 on) the state of an app's pool, which an agent of version 2
+// skips.
 type workerParcel struct {
-	App    string            `json:"app"`
-	Worker *workers.Handover `json:"worker"`
+	App    string                `json:"app"`
+	Worker *workers.Handover     `json:"worker,omitempty"`
+	Pool   *workers.PoolHandover `json:"pool,omitempty"`
 }
 
 // handing is a handover in flight in the sending agent.
@@ -48,49 +59,67 @@ type handing struct {
 	sent         chan error
 }
 
-// handOver freezes every app's pool, pauses the readers of its ready
-// workers and starts sending their descriptions and channel ends to the
-// next agent, through a channel it registers with tableflip. With restart
-// the channel carries only the header: the next agent starts its own
-// workers and this one drains its own, as before adoption existed.
+// handOver freezes every app's pool (an app with an operation running
+// refuses the upgrade: every pool is resumed), pauses the readers of its
+// running workers and starts sending the state of every app, with the
+// descriptions and channel ends of its workers, to the next agent through
+// a channel it registers with tableflip. With restart the channel carries
+// only the header: the next agent starts its own workers and this one
+// drains its own, as before adoption existed.
 func (a *Agent) handOver(restart bool) (*handing, error) {
-	mine, theirs, err := handoff.NewHandoverChannel()
-	if err != nil {
-		return nil, err
-	}
-	if err = a.upg.Fds().AddFile(handoverName, theirs); err != nil {
-		mine.Close()
-		theirs.Close()
-		return nil, fmt.Errorf("pass the handover channel: %w", err)
-	}
-	h := &handing{mine: mine, theirs: theirs, sent: make(chan error, 1)}
+	h := &handing{sent: make(chan error, 1)}
 	parcels := []handoff.Parcel{{}} // the header, once the count is known
 	var hos []*workers.Handover
-	if !restart {
-		for _, rt := range a.appList() {
-			ws, err := rt.sup.HandOver()
+	var unhealthy []string
+	for _, rt := range a.appList() {
+		if restart {
+			if !healthy(rt.sup.Status()) {
+				unhealthy = append(unhealthy, rt.name)
+			}
+			continue
+		}
+		pool, ws, err := rt.sup.HandOverPool()
+		if err != nil {
+			for _, done := range h.apps {
+				done.sup.Resume()
+			}
+			return nil, failWith(api.KindBusy, "app %s: %s; an agent upgrade takes every app over as it is, "+
+				"but not in the middle of an operation: wait for it to finish, then upgrade", rt.name, busyText(err))
+		}
+		h.apps = append(h.apps, rt)
+		if !pool.Healthy {
+			unhealthy = append(unhealthy, rt.name)
+		}
+		b, _ := json.Marshal(workerParcel{App: rt.name, Pool: pool})
+		parcels = append(parcels, handoff.Parcel{Header: b})
+		for _, w := range ws {
+			b, err := json.Marshal(workerParcel{App: rt.name, Worker: w})
 			if err != nil {
-				// An operation runs: the next agent starts this app's
-				// workers and this one drains its own.
-				a.log.Warn("upgrade: app not handed over", "app", rt.name, "error", err)
 				continue
 			}
-			h.apps = append(h.apps, rt)
-			for _, w := range ws {
-				b, err := json.Marshal(workerParcel{App: rt.name, Worker: w})
-				if err != nil {
-					continue
-				}
-				parcels = append(parcels, handoff.Parcel{Header: b, Files: w.Files()})
-				hos = append(hos, w)
-			}
+			parcels = append(parcels, handoff.Parcel{Header: b, Files: w.Files()})
+			hos = append(hos, w)
 		}
 	}
+	var err error
+	if h.mine, h.theirs, err = handoff.NewHandoverChannel(); err == nil {
+		if err = a.upg.Fds().AddFile(handoverName, h.theirs); err != nil {
+			h.mine.Close()
+			h.theirs.Close()
+			err = fmt.Errorf("pass the handover channel: %w", err)
+		}
+	}
+	if err != nil {
+		for _, rt := range h.apps {
+			rt.sup.Resume()
+		}
+		return nil, err
+	}
 	parcels[0].Header, _ = json.Marshal(handoverHeader{Version: handoverVersion, AgentPID: os.Getpid(),
-		RestartWorkers: restart, Workers: len(parcels) - 1})
+		RestartWorkers: restart, Workers: len(parcels) - 1, Unhealthy: unhealthy})
 	deadline := time.Now().Add(a.settings.UpgradeTimeout)
 	go func() {
-		err := handoff.SendParcels(mine, parcels, deadline)
+		err := handoff.SendParcels(h.mine, parcels, deadline)
 		if err != nil {
 			a.log.Error("upgrade: handover send failed", "error", err)
 		}
@@ -99,8 +128,31 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 		}
 		h.sent <- err
 	}()
-	a.log.Info("upgrade: handing over", "workers", len(parcels)-1, "restart_workers", restart)
+	a.log.Info("upgrade: handing over", "apps", len(h.apps), "workers", len(hos), "restart_workers", restart,
+		"unhealthy", unhealthy)
 	return h, nil
+}
+
+// healthy reports whether an app runs with every worker ready.
+func healthy(st workers.AppStatus) bool {
+	if st.State != workers.AppRunning || st.Busy != nil || len(st.Workers) != st.Instances {
+		return false
+	}
+	for _, w := range st.Workers {
+		if w.State != workers.Ready {
+			return false
+		}
+	}
+	return true
+}
+
+// busyText words a supervisor's refusal of the handover.
+func busyText(err error) string {
+	var be *workers.BusyError
+	if errors.As(err, &be) {
+		return fmt.Sprintf("%s is running since %s", be.Op, be.Since.Format(time.TimeOnly))
+	}
+	return err.Error()
 }
 
 // failed undoes handOver: the readers read on, operations are admitted.
@@ -133,6 +185,10 @@ func (h *handing) succeeded() { h.theirs.Close() }
 type received struct {
 	restart bool
 	byApp   map[string][]*workers.Handover
+	// pools are the apps' states (version 3 on); unhealthy the apps whose
+	// readiness does not decide the upgrade.
+	pools     map[string]*workers.PoolHandover
+	unhealthy map[string]bool
 }
 
 // receiveHandover reads the previous agent's handover, if it sent one.
@@ -150,7 +206,8 @@ func (a *Agent) receiveHandover() (*received, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &received{byApp: map[string][]*workers.Handover{}}
+	r := &received{byApp: map[string][]*workers.Handover{}, pools: map[string]*workers.PoolHandover{},
+		unhealthy: map[string]bool{}}
 	var hdr handoverHeader
 	if len(ps) == 0 || json.Unmarshal(ps[0].Header, &hdr) != nil || hdr.AgentPID != os.Getppid() {
 		for _, p := range ps {
@@ -166,10 +223,16 @@ func (a *Agent) receiveHandover() (*received, error) {
 			len(ps)-1, hdr.Workers, os.Getppid())
 	}
 	r.restart = hdr.RestartWorkers
+	for _, app := range hdr.Unhealthy {
+		r.unhealthy[app] = true
+	}
 	for _, p := range ps[1:] {
 		var wp workerParcel
 		if err := json.Unmarshal(p.Header, &wp); err != nil || wp.Worker == nil {
 			closeAll(p.Files)
+			if err == nil && wp.Pool != nil {
+				r.pools[wp.App] = wp.Pool
+			}
 			continue
 		}
 		wp.Worker.SetFiles(p.Files)

@@ -88,25 +88,33 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 	}
 }
 
-// startApps starts every app's workers in parallel and waits for readiness.
-// The error names the apps whose workers were not all ready.
+// startApps starts every app's workers in parallel and waits for readiness;
+// with a previous agent's handover it takes every app over in the state
+// that agent described (adopt.go in workers). The error names the apps
+// whose workers were not all ready, except those that were not healthy
+// under the previous agent (crash-looping, errored, stopped): whether a
+// new agent is ready is its own affair, not one of an app that was failing
+// before it started.
 func (a *Agent) startApps() error {
 	var start []*appRT
 	handed := map[string][]*workers.Handover{}
-	if a.inherited != nil {
-		handed, a.inherited = a.inherited.byApp, nil
+	pools := map[string]*workers.PoolHandover{}
+	unhealthy := map[string]bool{}
+	if in := a.inherited; in != nil {
+		handed, pools, unhealthy, a.inherited = in.byApp, in.pools, in.unhealthy, nil
 	}
 	// Apps removed or stopped: their workers go once this agent took over.
 	defer func() { a.orphans = handed }()
 	adopt := map[*appRT][]*workers.Handover{}
 	for _, rt := range a.appList() {
-		if hs, ok := handed[rt.name]; ok && !a.state.get(rt.name).Stopped {
-			adopt[rt] = hs
-			delete(handed, rt.name)
-		}
 		if a.state.get(rt.name).Stopped {
 			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
+			rt.sup.Restore(pools[rt.name])
 			continue
+		}
+		if hs, ok := handed[rt.name]; ok {
+			adopt[rt] = hs
+			delete(handed, rt.name)
 		}
 		start = append(start, rt)
 	}
@@ -115,18 +123,25 @@ func (a *Agent) startApps() error {
 	eachApp(start, func(rt *appRT) {
 		t := time.Now()
 		start := rt.sup.Start
-		if hs, ok := adopt[rt]; ok {
-			start = func() error { return rt.sup.Adopt(hs) }
+		if hs, pool := adopt[rt], pools[rt.name]; hs != nil || pool != nil {
+			start = func() error { return rt.sup.AdoptPool(pool, hs) }
 		}
-		if err := start(); err != nil {
+		err := start()
+		switch {
+		case err != nil && unhealthy[rt.name]:
+			a.log.Warn("app taken over as it was: not healthy under the previous agent either", "app", rt.name,
+				"state", rt.sup.Status().State, "error", err)
+			return
+		case err != nil:
 			a.log.Error("app started with errors", "app", rt.name, "error", err)
 			mu.Lock()
 			defer mu.Unlock()
 			errs = append(errs, fmt.Errorf("app %s: %w", rt.name, err))
 			return
 		}
-		a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances,
-			"in", time.Since(t).Round(time.Millisecond))
+		st := rt.sup.Status()
+		a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances, "state", st.State,
+			"restarts", st.Restarts, "in", time.Since(t).Round(time.Millisecond))
 	})
 	return errors.Join(errs...)
 }

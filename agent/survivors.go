@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -23,6 +24,13 @@ import (
 // it runs in state_dir/agents/<pid>.json; an agent that starts finds the
 // records of agents that are gone and retires their survivors once its own
 // workers are ready. A clean exit removes the record.
+//
+// The record is written before each worker starts (beforeStart), and a
+// start it cannot write (state_dir full) is refused. Every worker also
+// carries its agent's marker in its environment (DEPLOYD_AGENT_ID: this
+// state_dir, the agent's pid and start time), so that an agent that starts
+// also finds, in /proc, the workers of a dead agent that no record names,
+// and retires them too (strays).
 
 // recordEvery bounds how stale a record can be; supervisors' changes
 // trigger a write at once, so this only catches a change none signalled.
@@ -34,7 +42,31 @@ const recordEvery = 10 * time.Second
 type agentRecord struct {
 	AgentPID   int                          `json:"agent_pid"`
 	AgentStart uint64                       `json:"agent_start"`
+	Marker     string                       `json:"marker,omitempty"`
 	Apps       map[string][]workers.Process `json:"apps"`
+	// Starting are the workers announced by beforeStart since the last
+	// record of what runs: found by their marker if the agent dies.
+	Starting []startingWorker `json:"starting,omitempty"`
+}
+
+// startingWorker is a worker about to start.
+type startingWorker struct {
+	App  string    `json:"app"`
+	Slot int       `json:"slot"`
+	At   time.Time `json:"at"`
+}
+
+// maxStarting bounds the announced starts a record keeps.
+const maxStarting = 64
+
+// recordBook serializes the writes of this agent's record, the recorder's
+// (what runs) and beforeStart's (what is about to). mu is held only around
+// the file write; nothing under it calls a supervisor (beforeStart runs in
+// their loops).
+type recordBook struct {
+	mu       sync.Mutex
+	written  map[string][]workers.Process // the processes the record on disk names
+	starting []startingWorker
 }
 
 func (a *Agent) recordsDir() string { return filepath.Join(a.settings.StateDir, "agents") }
@@ -48,14 +80,10 @@ func (a *Agent) recordPath() string {
 func (a *Agent) recorder(stop <-chan struct{}) {
 	t := time.NewTicker(recordEvery)
 	defer t.Stop()
-	var last map[string][]workers.Process
 	for {
-		cur := a.processes()
-		if !reflect.DeepEqual(cur, last) {
+		if cur := a.processes(); !a.book.names(cur) {
 			if err := a.writeRecord(cur); err != nil {
 				a.log.Warn("record the running workers", "error", err)
-			} else {
-				last = cur
 			}
 		}
 		select {
@@ -65,6 +93,14 @@ func (a *Agent) recorder(stop <-chan struct{}) {
 		case <-t.C:
 		}
 	}
+}
+
+// names reports whether the record on disk names exactly ps and no start
+// is pending.
+func (b *recordBook) names(ps map[string][]workers.Process) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.starting) == 0 && reflect.DeepEqual(ps, b.written)
 }
 
 // processesChanged wakes the recorder; safe to call from any goroutine.
@@ -85,12 +121,48 @@ func (a *Agent) processes() map[string][]workers.Process {
 	return out
 }
 
+// writeRecord writes the record of what runs: apps.
 func (a *Agent) writeRecord(apps map[string][]workers.Process) error {
+	a.book.mu.Lock()
+	defer a.book.mu.Unlock()
+	if err := a.putRecord(apps, nil); err != nil {
+		return err
+	}
+	a.book.written, a.book.starting = apps, nil
+	return nil
+}
+
+// beforeStart returns app's workers.Options.BeforeStart: it writes the
+// record, with the worker about to start, before the worker starts; an
+// error (state_dir full, read-only) refuses the start. Called from the
+// supervisor's loop: it must not call the supervisor.
+func (a *Agent) beforeStart(app string) func(slot int) error {
+	return func(slot int) error {
+		a.book.mu.Lock()
+		starting := append(a.book.starting, startingWorker{App: app, Slot: slot, At: time.Now()})
+		starting = starting[max(len(starting)-maxStarting, 0):]
+		err := a.putRecord(a.book.written, starting)
+		if err == nil {
+			a.book.starting = starting
+		}
+		a.book.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("%w; free space in state_dir %s (or make it writable), then try again",
+				err, a.settings.StateDir)
+		}
+		a.processesChanged()
+		return nil
+	}
+}
+
+// putRecord writes the record file. Called with book.mu held.
+func (a *Agent) putRecord(apps map[string][]workers.Process, starting []startingWorker) error {
 	if err := os.MkdirAll(a.recordsDir(), 0o700); err != nil {
 		return err
 	}
 	start, _ := handoff.StartTime(os.Getpid())
-	b, err := json.Marshal(agentRecord{AgentPID: os.Getpid(), AgentStart: start, Apps: apps})
+	b, err := json.Marshal(agentRecord{AgentPID: os.Getpid(), AgentStart: start, Marker: a.marker,
+		Apps: apps, Starting: starting})
 	if err != nil {
 		return err
 	}
@@ -108,12 +180,14 @@ type survivor struct {
 	app      string
 	p        workers.Process
 	agentPID int
+	// stray: no record named it; found by its marker (strays.go).
+	stray bool
 }
 
 // survivors lists the workers left by agents that are gone (their records,
-// which it returns too), except those this agent supervises (adopted).
-// Agents still alive (a previous agent draining after a handoff) keep
-// theirs.
+// which it returns too), then the strays no record names, except those this
+// agent supervises (adopted). Agents still alive (a previous agent draining
+// after a handoff) keep theirs.
 func (a *Agent) survivors() (out []survivor, records []string) {
 	ents, err := os.ReadDir(a.recordsDir())
 	if err != nil {
@@ -149,7 +223,11 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 			}
 		}
 	}
-	return out, records
+	known := mine
+	for _, s := range out {
+		known[s.p.PID] = true
+	}
+	return append(out, a.strays(known)...), records
 }
 
 // survivorSockets copies the listening sockets of one live survivor per app
@@ -225,7 +303,13 @@ func (a *Agent) retire(ss []survivor, records []string) {
 	var wg sync.WaitGroup
 	for _, s := range ss {
 		wg.Go(func() {
-			if err := workers.Retire(s.p); err == nil {
+			err := workers.Retire(s.p)
+			switch {
+			case err == nil && s.stray:
+				a.log.Warn("retired a stray worker of an agent that died: no record named it (its agent died before "+
+					"recording it, or could not write state_dir)", "app", s.app, "worker", s.p.Slot, "pid", s.p.PID,
+					"agent_pid", s.agentPID)
+			case err == nil:
 				a.log.Info("retired a worker left by an agent that died", "app", s.app, "worker", s.p.Slot,
 					"pid", s.p.PID, "agent_pid", s.agentPID)
 			}

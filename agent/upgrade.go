@@ -47,6 +47,9 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	if err := a.waitHooks(ctx); err != nil {
 		return nil, err
 	}
+	if err := a.busyApp(restartWorkers); err != nil {
+		return nil, err
+	}
 	res := &api.UpgradeResult{OldVersion: version.String(), OldPID: os.Getpid(), NewVersion: version.String()}
 	if err := a.waitParent(ctx); err != nil {
 		return nil, err
@@ -70,12 +73,19 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	a.log.Info("upgrade: starting a new agent", "binary", a.shim)
 	t := time.Now()
 	h, err := a.handOver(restartWorkers)
-	if err == nil {
-		if err = a.upg.Upgrade(); err != nil {
-			h.failed()
-		} else {
-			h.succeeded()
+	if err != nil {
+		// Refused before a new agent started: an operation began meanwhile.
+		if swapped {
+			if rerr := selfupdate.Restore(a.shim); rerr != nil {
+				err = fmt.Errorf("%w; restoring the previous binary FAILED: %v", err, rerr)
+			}
 		}
+		return nil, err
+	}
+	if err = a.upg.Upgrade(); err != nil {
+		h.failed()
+	} else {
+		h.succeeded()
 	}
 	if err != nil {
 		msg := fmt.Sprintf("the new agent did not get ready (%v); this agent (pid %d) keeps serving", err, os.Getpid())
@@ -92,6 +102,33 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	res.DurationSeconds = time.Since(t).Seconds()
 	a.log.Info("upgrade: new agent ready; this one exits", "new_version", res.NewVersion, "in", time.Since(t).Round(time.Millisecond))
 	return res, nil
+}
+
+// busyApp refuses an upgrade, before anything changed, while an operation
+// runs on an app (a reload, deploy, restart, scale or stop, or a monitor's
+// replacement): the next agent takes every app over as it is, and a pool
+// mid-operation has no state to hand over. The handover checks again
+// (handOver) for an operation that begins meanwhile. With restartWorkers
+// the next agent starts every app afresh, and this one stops the running
+// operations with their workers.
+func (a *Agent) busyApp(restartWorkers bool) error {
+	if restartWorkers {
+		return nil
+	}
+	for _, rt := range a.appList() {
+		if !rt.busy.TryLock() {
+			return failWith(api.KindBusy, "app %s: a reload, deploy, restart, scale or stop of it is running; "+
+				"an agent upgrade takes every app over as it is, but not in the middle of an operation: "+
+				"wait for it to finish, then upgrade", rt.name)
+		}
+		rt.busy.Unlock()
+		if be := rt.sup.Status().Busy; be != nil {
+			return failWith(api.KindBusy, "app %s: %s is running since %s; an agent upgrade takes every app over as it is, "+
+				"but not in the middle of an operation: wait for it to finish, then upgrade",
+				rt.name, be.Op, be.Since.Format(time.TimeOnly))
+		}
+	}
+	return nil
 }
 
 // waitParent waits (bounded) for a predecessor that still drains: a new

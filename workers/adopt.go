@@ -22,7 +22,17 @@ import (
 // instances, a duplicate) are kept aside as leftovers: StopLeftovers stops
 // them (their own stop signal) once the agent has taken over; until then
 // they belong to the previous agent. With no handovers it is Start.
-func (s *Supervisor) Adopt(hs []*Handover) error {
+func (s *Supervisor) Adopt(hs []*Handover) error { return s.AdoptPool(nil, hs) }
+
+// AdoptPool is Adopt that also takes the pool over in the state the
+// previous agent described (pool, nil when it sent none): the app keeps
+// its state (errored stays errored) and its last exit, each slot its
+// counters and backoff; a slot whose worker had exited restarts when its
+// crash restart was due (never, in an errored app), and one whose worker
+// exited during the handoff counts a crash, as it would have under the
+// previous agent. Only the workers it starts in slots the pool does not
+// describe are waited for.
+func (s *Supervisor) AdoptPool(pool *PoolHandover, hs []*Handover) error {
 	o, err := s.begin("adopt the running workers", nil)
 	if err != nil {
 		for _, h := range hs {
@@ -35,6 +45,7 @@ func (s *Supervisor) Adopt(hs []*Handover) error {
 	id := spec.Identity()
 	adopted := map[int]*Worker{}
 	counters := map[int]*Handover{}
+	gone := map[int]bool{} // handed over, no longer running
 	var retire []*Worker
 	for _, h := range hs {
 		match := h.Identity == id && h.Slot >= 0 && h.Slot < spec.Instances && adopted[h.Slot] == nil
@@ -47,6 +58,9 @@ func (s *Supervisor) Adopt(hs []*Handover) error {
 		w, err := adoptWorker(s.args(), wspec, h)
 		if err != nil {
 			s.log.Warn("worker of the previous agent not adopted", "worker", h.Slot, "pid", h.PID, "error", err)
+			if match {
+				gone[h.Slot] = true
+			}
 			continue
 		}
 		if !match {
@@ -63,7 +77,46 @@ func (s *Supervisor) Adopt(hs []*Handover) error {
 			st.adopted[w] = true
 		}
 	})
-	return o.startAdopting(spec, adopted, counters)
+	return o.startAdopting(spec, adopted, counters, &poolPlan{pool: pool, gone: gone})
+}
+
+// Restore gives a pool that does not run (a stopped app) the state a
+// previous agent described: its last exit. It changes no worker.
+func (s *Supervisor) Restore(pool *PoolHandover) {
+	if pool == nil {
+		return
+	}
+	s.call(func(st *state) {
+		st.lastExit, st.lastLines = pool.LastExit, slices.Clone(pool.LastLines)
+	})
+}
+
+// poolPlan is what startAdopting takes over besides the workers: the
+// previous agent's description of the pool (nil pool: none), and the slots
+// whose handed-over worker was gone.
+type poolPlan struct {
+	pool *PoolHandover
+	gone map[int]bool
+}
+
+// slot returns the description of slot i, nil when there is none.
+func (p *poolPlan) slot(i int) *SlotHandover {
+	if p == nil || p.pool == nil {
+		return nil
+	}
+	for k := range p.pool.Slots {
+		if p.pool.Slots[k].Index == i {
+			return &p.pool.Slots[k]
+		}
+	}
+	return nil
+}
+
+// restore gives sl the counters of its description. Run by the loop.
+func (ps *SlotHandover) restore(sl *slot) {
+	sl.restarts, sl.crashes, sl.backoff = ps.Restarts, slices.Clone(ps.Crashes), ps.Backoff
+	sl.memoryReplacements, sl.watchdogReplacements, sl.healthReplacements =
+		ps.MemoryReplacements, ps.WatchdogReplacements, ps.HealthReplacements
 }
 
 // StopLeftovers stops the handed-over workers Adopt did not adopt; call it
@@ -129,31 +182,56 @@ func (s *Supervisor) giveBack(w *Worker) {
 }
 
 // startAdopting moves the pool to fresh slots of spec, puts the adopted
-// workers (by slot) in theirs and starts a worker in every other one, then
-// waits until all are ready or ready_timeout passes. Without adopted
-// workers it is startAll.
-func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Handover) error {
+// workers (by slot) in theirs, takes over the state plan describes, and
+// starts a worker in every other slot; then it waits until the workers it
+// started (and the adopted ready ones) are ready or ready_timeout passes.
+// Without adopted workers nor plan it is startAll.
+func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Handover, plan *poolPlan) error {
 	s := o.s
 	var slots []*slot
+	var pool *PoolHandover
+	if plan != nil {
+		pool = plan.pool
+	}
 	o.change(func(st *state) {
 		slots = newSlots(0, spec.Instances, spec)
-		s.setApp(st, AppStarting, func() { st.spec, st.slots = spec, slots })
+		s.setApp(st, AppStarting, func() {
+			st.spec, st.slots = spec, slots
+			if pool != nil {
+				st.lastExit, st.lastLines = pool.LastExit, slices.Clone(pool.LastLines)
+			}
+		})
 	})
+	errored := pool != nil && pool.State == AppErrored
 	var started []*Worker
 	var errs []error
 	for _, sl := range slots {
+		ps := plan.slot(sl.index)
 		if w := adopted[sl.index]; w != nil {
 			h := hs[sl.index]
-			s.log.Info("worker adopted", "worker", sl.index, "pid", w.PID, "release", w.Release)
+			s.log.Info("worker adopted", "worker", sl.index, "pid", w.PID, "release", w.Release, "state", w.State())
 			o.publish(Event{Type: EventStarted, Slot: sl.index, PID: w.PID, Release: w.Release, Message: "adopted"},
 				func(st *state) {
 					sl.cur = w
-					sl.restarts, sl.memoryReplacements, sl.watchdogReplacements =
-						h.Restarts, h.MemoryReplacements, h.WatchdogReplacements
+					if ps != nil {
+						ps.restore(sl)
+					} else {
+						sl.restarts, sl.memoryReplacements, sl.watchdogReplacements =
+							h.Restarts, h.MemoryReplacements, h.WatchdogReplacements
+					}
 					st.sampleOne(s.fs, w)
 					s.watch(sl, w)
+					if !w.isReady() {
+						s.watchReady(sl, w) // restarted after a crash: no operation waits for it
+					}
 				})
-			started = append(started, w)
+			if w.isReady() {
+				started = append(started, w)
+			}
+			continue
+		}
+		if ps != nil && (ps.Exit != "" || plan.gone[sl.index] || errored) {
+			o.takeOverExited(sl, spec, ps, plan.gone[sl.index], errored)
 			continue
 		}
 		w, err := spawn(s.args(), spec, sl.index)
@@ -161,21 +239,70 @@ func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Hand
 			errs = append(errs, fmt.Errorf("worker %d: %w", sl.index, err))
 			dw := deadWorker(sl.index, spec, err)
 			o.publish(Event{Type: EventFailed, Slot: sl.index, Release: spec.Release, Message: err.Error()},
-				func(st *state) { sl.cur = dw; s.watch(sl, dw) })
+				func(st *state) {
+					sl.cur = dw
+					if ps != nil {
+						ps.restore(sl)
+					}
+					s.watch(sl, dw)
+				})
 			continue
 		}
 		s.log.Info("worker started", "worker", sl.index, "pid", w.PID, "release", spec.Release)
 		o.publish(Event{Type: EventStarted, Slot: sl.index, PID: w.PID, Release: spec.Release},
-			func(st *state) { sl.cur = w; st.sampleOne(s.fs, w); s.watch(sl, w) })
+			func(st *state) {
+				sl.cur = w
+				if ps != nil {
+					ps.restore(sl)
+				}
+				st.sampleOne(s.fs, w)
+				s.watch(sl, w)
+			})
 		started = append(started, w)
 	}
 	errs = append(errs, o.waitAllReady(started, spec)...)
 	o.change(func(st *state) {
 		if st.app == AppStarting {
-			s.setApp(st, AppRunning, nil)
+			to := AppRunning
+			if errored {
+				to = AppErrored
+			}
+			s.setApp(st, to, nil)
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// takeOverExited takes over slot sl whose worker had exited under the
+// previous agent (ps.Exit), or exited during the handoff (gone): it keeps
+// its counters and an exited worker in its place, and restarts it when
+// its crash restart was due. An exit the previous agent had not yet
+// counted (gone, or no restart due) is counted here as a crash. In an
+// errored app nothing restarts.
+func (o *op) takeOverExited(sl *slot, spec *Spec, ps *SlotHandover, gone, errored bool) {
+	s := o.s
+	desc := ps.Exit
+	if gone || desc == "" {
+		desc = "exited during the agent upgrade"
+	}
+	dw := deadWorker(sl.index, spec, errors.New(desc))
+	dw.PID = ps.PID
+	s.log.Info("slot taken over without a running worker", "worker", sl.index, "pid", ps.PID, "exit", desc,
+		"restarts", ps.Restarts, "restart_at", ps.RestartAt)
+	o.change(func(st *state) {
+		sl.cur = dw
+		ps.restore(sl)
+		switch {
+		case errored:
+		case gone || ps.RestartAt.IsZero():
+			s.watch(sl, dw) // counted as the crash it is
+		default:
+			sl.restartAt = ps.RestartAt
+			sl.timer = time.AfterFunc(max(time.Until(ps.RestartAt), 0), func() {
+				s.send(func(st *state) { s.restartSlot(st, sl, dw) })
+			})
+		}
+	})
 }
 
 // adoptWorker makes a Worker of a process a previous agent started, after

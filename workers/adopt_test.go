@@ -220,3 +220,82 @@ func TestLetGoStopsReadingAdoptedWorkers(t *testing.T) {
 		t.Errorf("worker %d stopped by LetGo", mine.PID)
 	}
 }
+
+// roundTrip passes pool through JSON, as the handover channel does.
+func roundTrip(t *testing.T, pool *PoolHandover) *PoolHandover {
+	t.Helper()
+	b, err := json.Marshal(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out PoolHandover
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return &out
+}
+
+// A crash-looping pool is taken over as it is: no readiness is waited for,
+// its counters and last exit carry over, and it goes on restarting under
+// the next supervisor with the backoff it had.
+func TestAdoptPoolKeepsACrashLoop(t *testing.T) {
+	spec := testSpec(t, newListener(t), "exit-now", 1)
+	spec.Restart = RestartPolicy{Backoff: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		MaxRestarts: 1000, Window: time.Minute, StableAfter: 10 * time.Second}
+	old := New(Options{App: "bad", Shim: testBinary(t)}, spec)
+	_ = old.Start() // not ready: it crash-loops
+	waitFor(t, "3 restarts", func() bool { return old.Status().Restarts >= 3 })
+	pool, hs, err := old.HandOverPool()
+	if err != nil {
+		t.Fatalf("HandOverPool: %v", err)
+	}
+	if pool.Healthy || pool.State != AppRunning || len(pool.Slots) != 1 || pool.Slots[0].Restarts < 3 ||
+		pool.Slots[0].Backoff <= spec.Restart.Backoff || len(pool.Slots[0].Crashes) < 3 || pool.LastExit == "" {
+		t.Fatalf("pool handed over: %+v", pool)
+	}
+	got := handOverTo(t, hs)
+	before := old.Status()
+	old.Release()
+	next := newSupervisor(t, spec)
+	t0 := time.Now()
+	if err := next.AdoptPool(roundTrip(t, pool), got); err != nil {
+		t.Fatalf("AdoptPool: %v", err)
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("AdoptPool took %v: it waited for a crash-looping worker", d)
+	}
+	st := next.Status()
+	if st.State != AppRunning || st.Restarts < before.Restarts || st.LastExit == "" {
+		t.Errorf("after adoption: state %s, restarts %d (before %d), last exit %q", st.State, st.Restarts, before.Restarts, st.LastExit)
+	}
+	waitFor(t, "restarts under the next supervisor", func() bool { return next.Status().Restarts >= before.Restarts+2 })
+}
+
+// An errored pool stays errored: same counters and last exit, and no
+// worker is started.
+func TestAdoptPoolKeepsAnErroredApp(t *testing.T) {
+	spec := testSpec(t, newListener(t), "exit-now", 1)
+	spec.Restart.MaxRestarts = 2
+	old := New(Options{App: "bad", Shim: testBinary(t)}, spec)
+	_ = old.Start()
+	waitFor(t, "errored", func() bool { return old.Status().State == AppErrored })
+	pool, hs, err := old.HandOverPool()
+	if err != nil || len(hs) != 0 {
+		t.Fatalf("HandOverPool: %d workers, %v", len(hs), err)
+	}
+	before := old.Status()
+	old.Release()
+	next := newSupervisor(t, spec)
+	if err := next.AdoptPool(roundTrip(t, pool), nil); err != nil {
+		t.Fatalf("AdoptPool: %v", err)
+	}
+	st := next.Status()
+	if st.State != AppErrored || st.Restarts != before.Restarts || st.LastExit != before.LastExit ||
+		!slices.Equal(st.LastLines, before.LastLines) {
+		t.Errorf("after adoption: %s, restarts %d, last exit %q, lines %q; before: %s, %d, %q, %q",
+			st.State, st.Restarts, st.LastExit, st.LastLines, before.State, before.Restarts, before.LastExit, before.LastLines)
+	}
+	if ps := next.Processes(); len(ps) != 0 {
+		t.Errorf("an errored app started workers: %+v", ps)
+	}
+}

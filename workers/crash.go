@@ -52,6 +52,7 @@ func (s *Supervisor) onExit(st *state, sl *slot, w *Worker) {
 		s.restartSlot(st, sl, w)
 		return
 	}
+	sl.restartAt = now.Add(delay)
 	sl.timer = time.AfterFunc(delay, func() {
 		s.send(func(st *state) { s.restartSlot(st, sl, w) })
 	})
@@ -59,7 +60,13 @@ func (s *Supervisor) onExit(st *state, sl *slot, w *Worker) {
 
 // restartSlot starts a new worker in sl in place of w, which crashed. Run
 // by the loop: spawn is a fork and exec, it does not wait for the worker.
+// During a handover it waits for Resume: after Release the next agent
+// restarts the slot, as the handover told it.
 func (s *Supervisor) restartSlot(st *state, sl *slot, w *Worker) {
+	if st.handover != nil && !st.closing {
+		st.handover.due = append(st.handover.due, func(st *state) { s.restartSlot(st, sl, w) })
+		return
+	}
 	sl.timer = nil
 	if st.closing || sl.cur != w || !st.live(sl) ||
 		st.app == AppErrored || st.app == AppStopped || st.app == AppStopping {

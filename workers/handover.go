@@ -9,6 +9,8 @@ import (
 	"sort"
 	"syscall"
 	"time"
+
+	"github.com/deployd/deployd/handoff"
 )
 
 // Handover describes one running worker that an agent hands to the next
@@ -110,55 +112,142 @@ func (s *Spec) Identity() string {
 	return hex.EncodeToString(sum[:12])
 }
 
-// handover is what a supervisor handed over: its frozen operation and the
-// workers described.
+// PoolHandover is the state of an app's pool that crosses an agent upgrade
+// with its workers: the next agent takes the app over in the state it is in
+// (errored stays errored, a slot waiting for its crash restart restarts when
+// it was due, with its backoff and crash count), and status shows the same
+// counters and last exit as before.
+type PoolHandover struct {
+	State     AppState `json:"state"`
+	LastExit  string   `json:"last_exit,omitempty"`
+	LastLines []string `json:"last_lines,omitempty"`
+	// Slots carry the restart counts status shows; Counters (metrics)
+	// count from each agent's start, as a process's counters do.
+	Slots []SlotHandover `json:"slots"`
+	// Healthy: running, every slot's worker ready. Only such an app's
+	// readiness under the next agent can tell that agent is broken.
+	Healthy bool `json:"healthy"`
+}
+
+// SlotHandover is one slot of a PoolHandover.
+type SlotHandover struct {
+	Index int `json:"index"`
+	// PID is the slot's current worker (0: none); Exit says how it ended
+	// when it is no longer running (its slot waits for a crash restart, or
+	// the app is errored).
+	PID  int    `json:"pid,omitempty"`
+	Exit string `json:"exit,omitempty"`
+	// Restarts, Crashes (within the restart window) and Backoff are the
+	// crash policy's counters; RestartAt, when set, is when its crash
+	// restart is due.
+	Restarts  int           `json:"restarts"`
+	Crashes   []time.Time   `json:"crashes,omitempty"`
+	Backoff   time.Duration `json:"backoff"`
+	RestartAt time.Time     `json:"restart_at,omitzero"`
+
+	MemoryReplacements   int `json:"memory_replacements"`
+	WatchdogReplacements int `json:"watchdog_replacements"`
+	HealthReplacements   int `json:"health_replacements"`
+}
+
+// handover is what a supervisor handed over: its frozen operation, the
+// workers described, and the crash restarts that fell due meanwhile (run
+// by Resume; after Release the next agent restarts those slots).
 type handover struct {
 	op      *op
 	workers map[*Worker]bool
+	due     []func(*state)
 }
 
-// HandOver freezes the pool for an agent upgrade (other operations get a
-// *BusyError), pauses the readers of every ready current worker and
-// describes them. The caller passes them on, then calls Resume (the
-// handoff failed: nothing changed) or Release (the next agent has them).
-// A worker not ready or being replaced is not handed over: the next agent
-// starts one for its slot and this one stops it in Release.
+// HandOver is HandOverPool without the pool's state.
 func (s *Supervisor) HandOver() ([]*Handover, error) {
+	_, hs, err := s.HandOverPool()
+	return hs, err
+}
+
+// HandOverPool freezes the pool for an agent upgrade (other operations get
+// a *BusyError, crash restarts wait), pauses the readers of every current
+// worker that runs (ready, or starting after a crash restart) and
+// describes them with the pool's state. The caller passes them on, then
+// calls Resume (the handoff failed: nothing changed) or Release (the next
+// agent has them). A worker being replaced, or one that cannot be
+// described, is not handed over: the next agent starts a worker for its
+// slot and this one stops it in Release; one that exited meanwhile is
+// described as exited (the next agent counts the crash and restarts the
+// slot after its backoff).
+func (s *Supervisor) HandOverPool() (*PoolHandover, []*Handover, error) {
 	o, err := s.begin("agent upgrade", nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	type item struct {
-		w *Worker
-		// the slot's counters, read in the loop that owns them
-		restarts, memory, watchdog int
-	}
-	var items []item
+	var items []*Worker
 	ho := &handover{op: o, workers: map[*Worker]bool{}}
+	var pool *PoolHandover
 	o.change(func(st *state) {
+		pool = st.poolHandover()
 		for _, sl := range st.slots {
 			w := sl.cur
-			if w == nil || w.pz == nil || len(sl.extra) > 0 || w.State() != Ready {
+			if w == nil || w.pz == nil || len(sl.extra) > 0 {
 				continue
 			}
-			items = append(items, item{w, sl.restarts, sl.memoryReplacements, sl.watchdogReplacements})
+			if ws := w.State(); ws != Ready && ws != Starting {
+				continue
+			}
+			items = append(items, w)
 			ho.workers[w] = true
 		}
 		st.handover = ho
 	})
 	var out []*Handover
-	for _, it := range items {
-		h := it.w.describe()
+	for _, w := range items {
+		h := w.describe()
 		if h == nil {
 			// Not described: it keeps being read here, and the next agent
 			// starts a worker for its slot; Release stops this one.
-			o.change(func(*state) { delete(ho.workers, it.w) })
+			o.change(func(*state) { delete(ho.workers, w) })
+			if !handoff.Running(w.PID, w.startTime) {
+				for i := range pool.Slots {
+					if pool.Slots[i].Index == w.Slot && pool.Slots[i].Exit == "" {
+						pool.Slots[i].Exit = "exited during the agent upgrade"
+					}
+				}
+			}
 			continue
 		}
-		h.Restarts, h.MemoryReplacements, h.WatchdogReplacements = it.restarts, it.memory, it.watchdog
+		for _, ps := range pool.Slots {
+			if ps.Index == h.Slot {
+				h.Restarts, h.MemoryReplacements, h.WatchdogReplacements =
+					ps.Restarts, ps.MemoryReplacements, ps.WatchdogReplacements
+			}
+		}
 		out = append(out, h)
 	}
-	return out, nil
+	return pool, out, nil
+}
+
+// poolHandover describes the pool's state. Run by the loop.
+func (st *state) poolHandover() *PoolHandover {
+	p := &PoolHandover{State: st.app, LastExit: st.lastExit, LastLines: slices.Clone(st.lastLines),
+		Healthy: st.app == AppRunning}
+	for _, sl := range st.slots {
+		ps := SlotHandover{Index: sl.index, Restarts: sl.restarts, Crashes: slices.Clone(sl.crashes),
+			Backoff: sl.backoff, MemoryReplacements: sl.memoryReplacements,
+			WatchdogReplacements: sl.watchdogReplacements, HealthReplacements: sl.healthReplacements}
+		if sl.timer != nil {
+			ps.RestartAt = sl.restartAt
+		}
+		if w := sl.cur; w != nil {
+			ps.PID = w.PID
+			if w.State() == Exited {
+				ps.Exit = w.ExitDescription()
+			}
+		}
+		if sl.cur == nil || sl.cur.State() != Ready || len(sl.extra) > 0 {
+			p.Healthy = false
+		}
+		p.Slots = append(p.Slots, ps)
+	}
+	return p
 }
 
 // describe pauses w's readers and describes it, nil if its notify socket
@@ -189,11 +278,19 @@ func (w *Worker) describe() *Handover {
 	return h
 }
 
-// Resume undoes HandOver after a failed handoff: the readers read on and
-// operations are admitted again.
+// Resume undoes HandOver after a failed handoff: the readers read on,
+// operations are admitted again and the crash restarts that fell due
+// meanwhile run.
 func (s *Supervisor) Resume() {
 	var ho *handover
-	s.call(func(st *state) { ho, st.handover = st.handover, nil })
+	s.call(func(st *state) {
+		ho, st.handover = st.handover, nil
+		if ho != nil {
+			for _, fn := range ho.due {
+				fn(st)
+			}
+		}
+	})
 	if ho == nil {
 		return
 	}

@@ -51,8 +51,10 @@ type slot struct {
 	cur     *Worker   // nil when none runs
 	extra   []*Worker // new workers not yet swapped in, old ones draining
 	backoff time.Duration
-	// timer is the pending crash restart, nil when none.
-	timer *time.Timer
+	// timer is the pending crash restart, nil when none; restartAt is
+	// when it is due (an agent upgrade hands it over).
+	timer     *time.Timer
+	restartAt time.Time
 	// restarts counts crash restarts of this slot; crashes are the recent
 	// ones, within the restart window (max_restarts applies per slot, as
 	// PM2's does per process, so one event that kills every worker does not

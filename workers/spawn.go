@@ -1,6 +1,8 @@
 package workers
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -23,7 +25,21 @@ type spawnArgs struct {
 	log       hclog.Logger
 	// healthFailed counts the app's failed liveness checks.
 	healthFailed *atomic.Uint64
+	// beforeStart records that a worker of slot is about to start; marker
+	// is its DEPLOYD_AGENT_ID (Options).
+	beforeStart func(slot int) error
+	marker      string
 }
+
+// EnvAgentID names the worker's marker: the agent that started it
+// (Options.Marker). It comes first in the worker's environment, so that a
+// scan of /proc/PID/environ finds it in a bounded read.
+const EnvAgentID = "DEPLOYD_AGENT_ID"
+
+// ErrNotRecorded refuses a worker start the agent could not record first
+// (Options.BeforeStart): a worker no record names would run on unsupervised
+// if the agent died.
+var ErrNotRecorded = errors.New("workers: not started: the agent could not record it first")
 
 // channels are the agent's ends of what connects it to one worker process.
 // The child ends are closed once the process has started.
@@ -106,7 +122,11 @@ func (c *channels) closeParent() {
 // workerEnv is the worker's environment: the spec's, then its identity,
 // the notify socket, the watchdog and the node-ipc channel.
 func workerEnv(a spawnArgs, spec *Spec, slot int, c *channels) []string {
-	env := append([]string{}, spec.Env...)
+	env := make([]string, 0, len(spec.Env)+8)
+	if a.marker != "" {
+		env = append(env, EnvAgentID+"="+a.marker)
+	}
+	env = append(env, spec.Env...)
 	env = append(env,
 		"DEPLOYD_APP="+a.app,
 		"DEPLOYD_WORKER="+strconv.Itoa(slot),
@@ -131,6 +151,11 @@ func workerEnv(a spawnArgs, spec *Spec, slot int, c *channels) []string {
 // spawn starts a worker for slot with spec. The worker's own goroutines
 // (output readers, readiness, waiter) end when the process has exited.
 func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
+	if a.beforeStart != nil {
+		if err := a.beforeStart(slot); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNotRecorded, err)
+		}
+	}
 	c, err := openChannels(a, spec)
 	if err != nil {
 		return nil, err

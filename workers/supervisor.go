@@ -89,6 +89,12 @@ type Options struct {
 	// NotifyDir is the folder of the workers' NOTIFY_SOCKET paths, one
 	// private folder per worker inside; "" gives abstract sockets.
 	NotifyDir string
+	// BeforeStart, when set, is called before each worker process starts
+	// (from the loop too: it must not call the supervisor); an error
+	// refuses the start (ErrNotRecorded). Marker, when set, is every
+	// worker's DEPLOYD_AGENT_ID. See spawn.go.
+	BeforeStart func(slot int) error
+	Marker      string
 }
 
 // Supervisor keeps one app's workers running. Its state is owned by one
@@ -141,6 +147,7 @@ func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
 		notifyDir: s.opts.NotifyDir, log: s.log, healthFailed: &s.healthFailed,
+		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker,
 	}
 }
 
@@ -220,7 +227,7 @@ func (s *Supervisor) stop() {
 
 // startAll moves the pool to fresh slots of spec and starts a worker in
 // each, then waits until all are ready or ready_timeout passes.
-func (o *op) startAll(spec *Spec) error { return o.startAdopting(spec, nil, nil) }
+func (o *op) startAll(spec *Spec) error { return o.startAdopting(spec, nil, nil, nil) }
 
 // waitAllReady waits for every worker of ws, publishing each ready one.
 func (o *op) waitAllReady(ws []*Worker, spec *Spec) []error {
