@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os/exec"
@@ -14,78 +13,8 @@ import (
 	"github.com/deployd/deployd/agent/api"
 )
 
-// controlTimeout bounds every control call of these tests: a call that
-// hangs is a deadlock in the agent, reported with its goroutines.
+// controlTimeout bounds the control calls these tests make themselves.
 const controlTimeout = 10 * time.Second
-
-// statusWithin is the agent's status, asked with a deadline. On expiry the
-// agent is sent SIGQUIT so that its goroutines land in its log.
-func statusWithin(t *testing.T, a *Agent) *api.Status {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), controlTimeout)
-	defer cancel()
-	st, err := a.Client.Status(ctx, "")
-	if err != nil {
-		if ctx.Err() != nil {
-			dumpAgent(a)
-		}
-		t.Fatalf("status: %v\n%s", err, a.Log())
-	}
-	return st
-}
-
-// dumpAgent makes the agent that serves the socket print its goroutines.
-func dumpAgent(a *Agent) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	pid := a.PID()
-	if v, err := a.Client.Version(ctx); err == nil {
-		pid = v.PID
-	}
-	_ = syscall.Kill(pid, syscall.SIGQUIT)
-	time.Sleep(200 * time.Millisecond) // let it write the dump
-}
-
-// waitStatus polls status (each call with its deadline) until cond holds.
-func waitStatus(t *testing.T, a *Agent, what string, bound time.Duration, cond func(*api.Status) bool) *api.Status {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for {
-		st := statusWithin(t, a)
-		if cond(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last status: %+v\nagent log:\n%s", bound, what, st, a.Log())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// cliWithin runs the deployd CLI against a with a deadline.
-func cliWithin(t *testing.T, a *Agent, bound time.Duration, args ...string) Result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, a.bins.Deployd, args...)
-	cmd.Dir = a.Dir
-	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		dumpAgent(a)
-		t.Fatalf("deployd %v: no answer within %s\n%s", args, bound, a.Log())
-	}
-	r := Result{Stdout: out.String(), Stderr: errb.String()}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.Code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run deployd %v: %v", args, err)
-	}
-	return r
-}
 
 // agentPIDWithin is the pid answering the control socket (0: none yet).
 func agentPIDWithin(a *Agent) int {
@@ -111,11 +40,11 @@ func upgradeWithin(t *testing.T, a *Agent, kind string) {
 	case "binary":
 		cand := filepath.Join(t.TempDir(), "deployd-new")
 		CopyFile(t, a.bins.DeploydV2, cand)
-		if r := cliWithin(t, a, 2*time.Minute, "upgrade", "--binary", cand); r.Code != 0 {
+		if r := a.CLIWithin(2*time.Minute, "upgrade", "--binary", cand); r.Code != 0 {
 			t.Fatalf("upgrade --binary: exit %d\n%s\nagent log:\n%s", r.Code, r.Stderr, a.Log())
 		}
 	case "cli":
-		if r := cliWithin(t, a, 2*time.Minute, "upgrade"); r.Code != 0 {
+		if r := a.CLIWithin(2*time.Minute, "upgrade"); r.Code != 0 {
 			t.Fatalf("upgrade: exit %d\n%s\nagent log:\n%s", r.Code, r.Stderr, a.Log())
 		}
 	case "sighup":
@@ -160,7 +89,7 @@ window = "10m"`) +
 // errored, and idle is stopped with one crash recorded.
 func setUpStates(t *testing.T, a *Agent) {
 	t.Helper()
-	st := waitStatus(t, a, "web and idle ready, broken errored, bad restarting", 30*time.Second, func(st *api.Status) bool {
+	st := a.WaitFor("web and idle ready, broken errored, bad restarting", 30*time.Second, func(st *api.Status) bool {
 		return AllReady(st, "web", 2) && AllReady(st, "idle", 1) && appOf(st, "broken").State == "errored" &&
 			appOf(st, "bad").Restarts >= 2
 	})
@@ -168,13 +97,13 @@ func setUpStates(t *testing.T, a *Agent) {
 	if err := syscall.Kill(idle, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, a, "idle restarted once", 20*time.Second, func(st *api.Status) bool {
+	a.WaitFor("idle restarted once", 20*time.Second, func(st *api.Status) bool {
 		return AllReady(st, "idle", 1) && appOf(st, "idle").Restarts == 1
 	})
-	if r := cliWithin(t, a, time.Minute, "stop", "idle"); r.Code != 0 {
+	if r := a.CLIWithin(time.Minute, "stop", "idle"); r.Code != 0 {
 		t.Fatalf("stop idle: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	waitStatus(t, a, "idle stopped", 20*time.Second, func(st *api.Status) bool { return appOf(st, "idle").State == "stopped" })
+	a.WaitFor("idle stopped", 20*time.Second, func(st *api.Status) bool { return appOf(st, "idle").State == "stopped" })
 }
 
 // checkStatesKept compares each app's status after an upgrade with before.
@@ -217,25 +146,25 @@ func TestUpgradeTakesEveryAppOverAsItIs(t *testing.T) {
 	a.Start()
 	setUpStates(t, a)
 	stop := startLoad(t, web, 20, 2*time.Minute)
-	first := statusWithin(t, a)
+	first := a.Status()
 	for i, kind := range []string{"cli", "sighup", "binary"} {
-		before := statusWithin(t, a)
+		before := a.Status()
 		t0 := time.Now()
 		upgradeWithin(t, a, kind)
 		took := time.Since(t0)
-		after := statusWithin(t, a)
+		after := a.Status()
 		checkStatesKept(t, fmt.Sprintf("upgrade %d (%s)", i+1, kind), before, after)
 		t.Logf("upgrade %d (%s) in %v: %s", i+1, kind, took.Round(time.Millisecond), summary(before, after))
 	}
 	// The crash loop goes on under the last agent, from its count.
-	n := appOf(statusWithin(t, a), "bad").Restarts
-	waitStatus(t, a, "bad restarted under the new agent", 20*time.Second, func(st *api.Status) bool {
+	n := appOf(a.Status(), "bad").Restarts
+	a.WaitFor("bad restarted under the new agent", 20*time.Second, func(st *api.Status) bool {
 		return appOf(st, "bad").Restarts >= n+2
 	})
 	ka, nka := stop()
 	requireNoFailures(t, "keep-alive clients", ka)
 	requireNoFailures(t, "new-connection clients", nka)
-	last := statusWithin(t, a)
+	last := a.Status()
 	if !samePIDs(allWorkerPIDs(&api.Status{Apps: []api.App{appOf(first, "web")}}),
 		allWorkerPIDs(&api.Status{Apps: []api.App{appOf(last, "web")}})) {
 		t.Errorf("web pids %v after 3 upgrades, want %v", PIDs(appOf(last, "web")), PIDs(appOf(first, "web")))
@@ -267,11 +196,11 @@ func TestSystemdReloadTakesEveryAppOverAsItIs(t *testing.T) {
 	startActivated(t, a, fmt.Sprintf("127.0.0.1:%d", web), "web", "NOTIFY_SOCKET="+notify.path)
 	setUpStates(t, a)
 	stop := startLoad(t, web, 20, 2*time.Minute)
-	first := statusWithin(t, a)
+	first := a.Status()
 	mainPID := agentPIDWithin(a)
 	notify.wait(t, fmt.Sprintf(`(?m)^MAINPID=%d$`, mainPID))
 	for i := 1; i <= 2; i++ {
-		before := statusWithin(t, a)
+		before := a.Status()
 		t0 := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), controlTimeout)
 		out, err := exec.CommandContext(ctx, "/bin/kill", "-HUP", fmt.Sprint(mainPID)).CombinedOutput()
@@ -289,14 +218,14 @@ func TestSystemdReloadTakesEveryAppOverAsItIs(t *testing.T) {
 		took := time.Since(t0)
 		mainPID = agentPIDWithin(a)
 		notify.wait(t, fmt.Sprintf(`(?m)^READY=1$[\s\S]*^MAINPID=%d$`, mainPID))
-		after := statusWithin(t, a)
+		after := a.Status()
 		checkStatesKept(t, fmt.Sprintf("systemctl reload %d", i), before, after)
 		t.Logf("systemctl reload %d in %v (MAINPID now %d): %s", i, took.Round(time.Millisecond), mainPID, summary(before, after))
 	}
 	ka, nka := stop()
 	requireNoFailures(t, "keep-alive clients", ka)
 	requireNoFailures(t, "new-connection clients", nka)
-	last := statusWithin(t, a)
+	last := a.Status()
 	if !samePIDs(allWorkerPIDs(&api.Status{Apps: []api.App{appOf(first, "web")}}),
 		allWorkerPIDs(&api.Status{Apps: []api.App{appOf(last, "web")}})) {
 		t.Errorf("web pids %v after 2 reloads, want %v", PIDs(appOf(last, "web")), PIDs(appOf(first, "web")))
@@ -313,7 +242,7 @@ func TestUpgradeRefusedMidOperation(t *testing.T) {
 	a := NewAgentDir(t, bins, appConfig("web", port, 1, ""))
 	a.UseOwnBinary()
 	a.Start()
-	waitStatus(t, a, "ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
 	old := agentPIDWithin(a)
 	a.WriteConfig(appConfig("web", port, 1, `env = { TESTAPP_STARTUP_DELAY = "3s" }`))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -325,8 +254,8 @@ func TestUpgradeRefusedMidOperation(t *testing.T) {
 	}
 	reloaded := make(chan error, 1)
 	go func() { reloaded <- reload.Wait() }()
-	waitStatus(t, a, "web reloading", 20*time.Second, func(st *api.Status) bool { return appOf(st, "web").State == "reloading" })
-	r := cliWithin(t, a, time.Minute, "upgrade")
+	a.WaitFor("web reloading", 20*time.Second, func(st *api.Status) bool { return appOf(st, "web").State == "reloading" })
+	r := a.CLIWithin(time.Minute, "upgrade")
 	t.Logf("upgrade during the reload: exit %d: %s", r.Code, strings.TrimSpace(r.Stderr))
 	if r.Code == 0 || !strings.Contains(r.Stderr, "app web") || !strings.Contains(r.Stderr, "wait for it to finish") {
 		t.Errorf("upgrade during a reload: exit %d, %q; want a refusal naming the app and what to do", r.Code, r.Stderr)
@@ -343,5 +272,5 @@ func TestUpgradeRefusedMidOperation(t *testing.T) {
 		t.Fatalf("reload did not end within a minute\n%s", a.Log())
 	}
 	upgradeWithin(t, a, "cli")
-	waitStatus(t, a, "ready after the upgrade", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	a.WaitFor("ready after the upgrade", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
 }

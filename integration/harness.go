@@ -485,10 +485,29 @@ func (a *Agent) CLI(args ...string) Result {
 // CLIAs runs the CLI with credentials cred (nil: the test's own).
 func (a *Agent) CLIAs(cred *syscall.Credential, args ...string) Result {
 	a.t.Helper()
-	ctx, cancel := a.Ctx(a.callTimeout())
+	return a.run(cred, a.Dir, a.callTimeout(), args...)
+}
+
+// CLIIn runs the CLI in folder dir (for commands that look for
+// ./deployd.toml).
+func (a *Agent) CLIIn(dir string, args ...string) Result {
+	a.t.Helper()
+	return a.run(nil, dir, a.callTimeout(), args...)
+}
+
+// CLIWithin runs the CLI with its own deadline d.
+func (a *Agent) CLIWithin(d time.Duration, args ...string) Result {
+	a.t.Helper()
+	return a.run(nil, a.Dir, d, args...)
+}
+
+// run runs the CLI against this agent within d; a missed deadline is Stuck.
+func (a *Agent) run(cred *syscall.Credential, dir string, d time.Duration, args ...string) Result {
+	a.t.Helper()
+	ctx, cancel := a.Ctx(d)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, a.bins.Deployd, args...)
-	cmd.Dir = a.Dir
+	cmd.Dir = dir
 	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,8 +10,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/deployd/deployd/agent/api"
 )
 
 // PM2's muscle memory: `deployd start app.js -i 2`, delete, list, show,
@@ -37,48 +33,6 @@ app.listen(port, () => {
   console.log(` + "`Example app listening on port ${port}`" + `)
 })
 `
-
-// cliTimeout bounds every CLI run of these tests.
-const cliTimeout = 90 * time.Second
-
-// cliIn runs the deployd CLI in dir against a's agent and config, within
-// cliTimeout.
-func cliIn(t *testing.T, a *Agent, dir string, args ...string) Result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bins.Deployd, args...)
-	cmd.Dir = dir
-	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err := cmd.Run()
-	r := Result{Stdout: out.String(), Stderr: errb.String()}
-	var ee *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		t.Fatalf("deployd %v: no answer within %s\n%s\n%s", args, cliTimeout, r.Stderr, a.Log())
-	case err == nil:
-	case errors.As(err, &ee):
-		r.Code = ee.ExitCode()
-	default:
-		t.Fatalf("run deployd %v: %v", args, err)
-	}
-	return r
-}
-
-// statusWithin is a's status, asked with a deadline.
-func statusWithin(t *testing.T, a *Agent) *api.Status {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := a.Client.Status(ctx, "")
-	if err != nil {
-		t.Fatalf("status: %v\n%s", err, a.Log())
-	}
-	return st
-}
 
 // eventually polls cond (each call bounded by its own deadlines) until it
 // holds or d passes.
@@ -114,9 +68,9 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 	}
 	a.Start()
 
-	r := cliIn(t, a, dir, "start", "app.js", "-i", "2", "--port", fmt.Sprint(port))
+	r := a.CLIIn(dir, "start", "app.js", "-i", "2", "--port", fmt.Sprint(port))
 	mustRun(t, r, "deployd start app.js -i 2")
-	st := statusWithin(t, a)
+	st := a.Status()
 	if !AllReady(st, "app", 2) {
 		t.Fatalf("after deployd start: want 2 ready workers of app, got %+v\n%s", st.Apps, r.Stderr)
 	}
@@ -128,10 +82,10 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 	if !bytes.HasPrefix(after, before) || !bytes.Contains(after, []byte("[apps.app]")) {
 		t.Fatalf("the config's own text was not kept, or no [apps.app] was added:\n%s", after)
 	}
-	if r := cliIn(t, a, dir, "config", "check"); r.Code != 0 || !strings.Contains(r.Stdout, "app app: 2 workers of") {
+	if r := a.CLIIn(dir, "config", "check"); r.Code != 0 || !strings.Contains(r.Stdout, "app app: 2 workers of") {
 		t.Errorf("config check after start: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	r = cliIn(t, a, dir, "start", "app.js", "-i", "2", "--port", fmt.Sprint(port))
+	r = a.CLIIn(dir, "start", "app.js", "-i", "2", "--port", fmt.Sprint(port))
 	if r.Code != 2 || !strings.Contains(r.Stderr, `app "app" is already in`) {
 		t.Errorf("second start of the same name: exit %d, %s", r.Code, r.Stderr)
 	}
@@ -140,7 +94,7 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 	}
 
 	for _, cmd := range []string{"list", "ls"} {
-		r := cliIn(t, a, dir, cmd)
+		r := a.CLIIn(dir, cmd)
 		mustRun(t, r, cmd)
 		for _, pid := range pids {
 			if !strings.Contains(r.Stdout, fmt.Sprint(pid)) || strings.Count(r.Stdout, " ready ") != 2 {
@@ -148,7 +102,7 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 			}
 		}
 	}
-	r = cliIn(t, a, dir, "show", "app")
+	r = a.CLIIn(dir, "show", "app")
 	mustRun(t, r, "show app")
 	for _, want := range []string{"node app.js", fmt.Sprintf("tcp://0.0.0.0:%d", port), "variables    PORT",
 		filepath.Join(a.Dir, "logs", "app.out.log"), filepath.Join(a.Dir, "logs", "app.err.log"), "state running"} {
@@ -167,7 +121,7 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 	// Both streams, each line marked; --err alone, unmarked.
 	var logs Result
 	eventually(t, a, "both streams in deployd logs", 20*time.Second, func() bool {
-		logs = cliIn(t, a, dir, "logs", "app")
+		logs = a.CLIIn(dir, "logs", "app")
 		return strings.Contains(logs.Stdout, "out | ") && strings.Contains(logs.Stdout, "err | ")
 	})
 	for _, want := range []string{"request on stdout", "request on stderr"} {
@@ -181,18 +135,18 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 			t.Errorf("line marked with the wrong stream: %q", l)
 		}
 	}
-	r = cliIn(t, a, dir, "logs", "app", "--err")
+	r = a.CLIIn(dir, "logs", "app", "--err")
 	mustRun(t, r, "logs --err")
 	if !strings.Contains(r.Stdout, "request on stderr") || strings.Contains(r.Stdout, "request on stdout") || strings.Contains(r.Stdout, "err | ") {
 		t.Errorf("logs --err is not the stderr log alone, unmarked:\n%s", r.Stdout)
 	}
 
-	r = cliIn(t, a, dir, "delete", "app")
+	r = a.CLIIn(dir, "delete", "app")
 	mustRun(t, r, "delete app")
 	if b, _ := os.ReadFile(a.Config); !bytes.Equal(b, before) {
 		t.Errorf("after delete the config is not what it was before start:\n%s\nwant:\n%s", b, before)
 	}
-	if st := statusWithin(t, a); len(st.Apps) != 0 {
+	if st := a.Status(); len(st.Apps) != 0 {
 		t.Errorf("after delete the agent still runs %+v", st.Apps)
 	}
 	eventually(t, a, "the deleted app's workers to exit", 30*time.Second, func() bool {
@@ -213,7 +167,7 @@ func TestPM2StartEnvSelectsEnvTable(t *testing.T) {
 	dir := nodeApp(t, "express4", port, map[string]string{"server.js": pm2App})
 	a := StartAgent(t, bins, agentOnlyConfig)
 
-	r := cliIn(t, a, dir, "start", "server.js", "--name", "api", "--port", fmt.Sprint(port), "--env", "production")
+	r := a.CLIIn(dir, "start", "server.js", "--name", "api", "--port", fmt.Sprint(port), "--env", "production")
 	mustRun(t, r, "deployd start --env production")
 	if body, err := get(t, port, "/"); err != nil || body != "Hello World! production -" {
 		t.Fatalf("GET / after start --env production: %q, %v", body, err)
@@ -225,7 +179,7 @@ func TestPM2StartEnvSelectsEnvTable(t *testing.T) {
 	}
 	fmt.Fprint(f, "\n# staging: the test database\n[apps.api.env_staging]\nNODE_ENV = \"staging\"\nMODE = \"test-db\"\n")
 	f.Close()
-	r = cliIn(t, a, dir, "reload", "api", "--env", "staging")
+	r = a.CLIIn(dir, "reload", "api", "--env", "staging")
 	mustRun(t, r, "deployd reload api --env staging")
 	if body, err := get(t, port, "/"); err != nil || body != "Hello World! staging test-db" {
 		t.Fatalf("GET / after reload --env staging: %q, %v", body, err)
@@ -234,7 +188,7 @@ func TestPM2StartEnvSelectsEnvTable(t *testing.T) {
 	if !strings.Contains(string(b), "environment = \"staging\"\n") || !strings.Contains(string(b), "# staging: the test database\n") {
 		t.Errorf("the config does not record the choice, or lost a comment:\n%s", b)
 	}
-	r = cliIn(t, a, dir, "reload", "api", "--env", "qa")
+	r = a.CLIIn(dir, "reload", "api", "--env", "qa")
 	if r.Code != 2 || !strings.Contains(r.Stderr, "no [apps.api.env_qa] table") {
 		t.Errorf("reload --env of a missing table: exit %d, %s", r.Code, r.Stderr)
 	}
@@ -243,34 +197,34 @@ func TestPM2StartEnvSelectsEnvTable(t *testing.T) {
 func TestPM2ScaledCountIsNamed(t *testing.T) {
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 1, ""))
-	eventually(t, a, "1 ready worker", 30*time.Second, func() bool { return AllReady(statusWithin(t, a), "web", 1) })
-	mustRun(t, cliIn(t, a, a.Dir, "scale", "web", "2"), "scale web 2")
+	eventually(t, a, "1 ready worker", 30*time.Second, func() bool { return AllReady(a.Status(), "web", 1) })
+	mustRun(t, a.CLIIn(a.Dir, "scale", "web", "2"), "scale web 2")
 	a.WriteConfig(appConfig("web", port, 3, ""))
 
 	const note = "2 workers as scaled by `deployd scale` (config says 3); run `deployd scale web 3` or `deployd scale web --reset`"
-	r := cliIn(t, a, a.Dir, "reload", "web")
+	r := a.CLIIn(a.Dir, "reload", "web")
 	mustRun(t, r, "reload web")
 	if !strings.Contains(r.Stderr, note) {
 		t.Errorf("reload does not say the scaled count overrides instances:\n%s", r.Stderr)
 	}
-	r = cliIn(t, a, a.Dir, "config", "check")
+	r = a.CLIIn(a.Dir, "config", "check")
 	mustRun(t, r, "config check")
 	if !strings.Contains(r.Stdout, "note: web: "+note) {
 		t.Errorf("config check does not say the scaled count overrides instances:\n%s", r.Stdout)
 	}
-	if !AllReady(statusWithin(t, a), "web", 2) {
-		t.Fatalf("the reload did not keep the scaled count: %+v", statusWithin(t, a).Apps)
+	if !AllReady(a.Status(), "web", 2) {
+		t.Fatalf("the reload did not keep the scaled count: %+v", a.Status().Apps)
 	}
 
-	mustRun(t, cliIn(t, a, a.Dir, "scale", "web", "--reset"), "scale web --reset")
-	if st := statusWithin(t, a); !AllReady(st, "web", 3) || appOf(st, "web").Scaled != 0 {
+	mustRun(t, a.CLIIn(a.Dir, "scale", "web", "--reset"), "scale web --reset")
+	if st := a.Status(); !AllReady(st, "web", 3) || appOf(st, "web").Scaled != 0 {
 		t.Fatalf("after scale --reset: %+v", appOf(st, "web"))
 	}
-	r = cliIn(t, a, a.Dir, "config", "check")
+	r = a.CLIIn(a.Dir, "config", "check")
 	if r.Code != 0 || strings.Contains(r.Stdout, "scaled") {
 		t.Errorf("config check after --reset: exit %d\n%s", r.Code, r.Stdout)
 	}
-	r = cliIn(t, a, a.Dir, "reload", "web")
+	r = a.CLIIn(a.Dir, "reload", "web")
 	if r.Code != 0 || strings.Contains(r.Stderr, "scaled") {
 		t.Errorf("reload after --reset: exit %d\n%s", r.Code, r.Stderr)
 	}

@@ -32,7 +32,7 @@ func TestFullStateDirLeavesNoOrphan(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(state, syscall.MNT_DETACH) }) // after the agent stops
 	a.Start()
-	st := waitStatus(t, a, "web ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	st := a.WaitFor("web ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
 	seen := allWorkerPIDs(st)
 	var marker string
 	for pid := range seen {
@@ -52,14 +52,14 @@ func TestFullStateDirLeavesNoOrphan(t *testing.T) {
 		}
 	}
 	f.Close()
-	r := cliWithin(t, a, time.Minute, "scale", "web", "3")
+	r := a.CLIWithin(time.Minute, "scale", "web", "3")
 	t.Logf("scale web 3 with state_dir full: exit %d: %s", r.Code, strings.TrimSpace(r.Stderr))
 	if r.Code == 0 {
 		t.Errorf("scale with state_dir full succeeded; it cannot have recorded its workers")
 	} else if !strings.Contains(r.Stderr, "record") {
 		t.Errorf("scale refused without saying it could not record the workers: %s", r.Stderr)
 	}
-	for pid := range allWorkerPIDs(statusWithin(t, a)) {
+	for pid := range allWorkerPIDs(a.Status()) {
 		seen[pid] = true
 	}
 	seen = addTestWorkers(t, a.Dir, seen)
@@ -92,7 +92,7 @@ func TestFullStateDirLeavesNoOrphan(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Start()
-	st = waitStatus(t, a, "web ready under the next agent", 30*time.Second, func(st *api.Status) bool {
+	st = a.WaitFor("web ready under the next agent", 30*time.Second, func(st *api.Status) bool {
 		return appOf(st, "web").State == "running" && len(appOf(st, "web").Workers) > 0 &&
 			appOf(st, "web").Workers[0].State == "ready"
 	})
