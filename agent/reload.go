@@ -49,6 +49,10 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if ok, why := mayReload(peerOf(r.Context()), cfg, names); !ok {
+		writeError(w, http.StatusForbidden, why)
+		return
+	}
 	st := newStream(w)
 	if agentChanged {
 		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")

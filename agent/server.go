@@ -72,7 +72,11 @@ func (a *Agent) routes() http.Handler {
 			writeErr(w, "", err)
 			return
 		}
-		if ok, why := a.authorize(peer, r.Method, r.URL.Path); !ok {
+		ok, why := a.authorize(peer, r.Method, r.URL.Path)
+		if ok {
+			ok, why = a.authorizeApp(peer, r.Method, r.URL.Path, body)
+		}
+		if !ok {
 			log.Warn("control request refused", append(kv, "reason", why)...)
 			writeError(w, http.StatusForbidden, why)
 			return
