@@ -121,8 +121,15 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	if canary > 0 {
 		return a.reloadCanary(rt, app, lease, spec, strategy, canary, emit)
 	}
+	// The new workers' lines are written with the new [logs] settings;
+	// a reload that does not go through puts the old ones back.
+	old := rt.config()
+	a.applyLogSettings(rt, old, app, emit)
 	err = rt.sup.Reload(spec, strategy, emit)
 	rt.settle(app, lease, err)
+	if err != nil {
+		a.applyLogSettings(rt, app, old, func(workers.Event) {})
+	}
 	res := appResult(app.Name, err)
 	res.Release = spec.Release
 	return res
