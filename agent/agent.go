@@ -95,6 +95,7 @@ type Agent struct {
 	ctl          *controlServer // the control server (control.go); nil until group
 
 	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
+	nofile        uint64 // RLIMIT_NOFILE, raised to its hard limit at start (connlimit.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -122,6 +123,7 @@ func Run(opts Options) error {
 		upg: upg, apps: map[string]*appRT{}, shutdown: make(chan struct{}), ready: make(chan struct{}),
 		changed: make(chan struct{}, 1),
 	}
+	a.startLimits()
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
@@ -191,8 +193,9 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 			a.upg.Stop()
 		}
 	})
-	a.ctl = newControlServer(a.routes(), a.connContext, a.log.Named("control"))
-	ln := controlListener(ctl)
+	lim := newConnLimiter(controlListener(ctl), limitsFor(a.nofile), a.isOwnerUID, a.log.Named("control"))
+	a.ctl = newControlServer(a.routes(), a.connContext, lim, a.log.Named("control"))
+	ln := net.Listener(lim)
 	g.Add(func() error {
 		if err := a.ctl.serve(ln); err != nil {
 			a.log.Error("control server stopped", "error", err)

@@ -180,10 +180,11 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 		dst  **logs.Sink
 		name string
 	}{{&rt.out, app.Name + ".out.log"}, {&rt.err, app.Name + ".err.log"}} {
-		*s.dst, err = logs.OpenSink(logs.Options{
-			Path: filepath.Join(a.settings.LogDir, s.name), Format: app.Logs.Format, MaxSize: app.Logs.MaxSize,
-			MaxFiles: app.Logs.MaxFiles, MaxAge: app.Logs.MaxAge, Compress: app.Logs.Compress,
-		})
+		o := logOptions(app)
+		// The agent log says when a file cannot be written (a full log_dir)
+		// and when it works again, once per episode.
+		o.Path, o.Logger = filepath.Join(a.settings.LogDir, s.name), a.log.Named("logs").With("app", app.Name)
+		*s.dst, err = logs.OpenSink(o)
 		if err != nil {
 			rt.closeLogs()
 			lease.Release()

@@ -40,15 +40,28 @@ type controlServer struct {
 	log      hclog.Logger
 }
 
-func newControlServer(h http.Handler, connContext func(context.Context, net.Conn) context.Context, log hclog.Logger) *controlServer {
+// newControlServer serves h; lim, when set, is the listener serve is given:
+// it learns from the server when each connection it counted closes.
+func newControlServer(h http.Handler, connContext func(context.Context, net.Conn) context.Context, lim *connLimiter, log hclog.Logger) *controlServer {
 	c := &controlServer{conns: newOpenConns(), served: make(chan struct{}), log: log}
 	c.stopping, c.cancel = context.WithCancel(context.Background())
+	track := c.conns.track
+	if lim != nil {
+		track = func(conn net.Conn, s http.ConnState) {
+			c.conns.track(conn, s)
+			lim.track(conn, s)
+		}
+	}
 	c.srv = &http.Server{
 		Handler:           c.gate(h),
 		ReadHeaderTimeout: 10 * time.Second,
-		ConnContext:       connContext,
-		ConnState:         c.conns.track,
-		ErrorLog:          log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+		// Without it an idle keep-alive connection stays open for ever
+		// (net/http falls back to ReadTimeout, which is 0 here: a handler
+		// streams for as long as its client wants).
+		IdleTimeout: controlIdleTimeout,
+		ConnContext: connContext,
+		ConnState:   track,
+		ErrorLog:    log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 	}
 	return c
 }

@@ -36,7 +36,7 @@ func startControl(t *testing.T, h http.HandlerFunc) (*controlServer, net.Listene
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newControlServer(h, nil, hclog.NewNullLogger())
+	c := newControlServer(h, nil, nil, hclog.NewNullLogger())
 	served := make(chan error, 1)
 	go func() { served <- c.serve(ln) }()
 	t.Cleanup(func() {

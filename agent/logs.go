@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/workers"
 	"github.com/deployd/deployd/workers/logs"
 )
 
@@ -408,4 +410,30 @@ func queryBool(s string) (bool, error) {
 		return false, fmt.Errorf("%q is not a boolean (use 1 or 0)", s)
 	}
 	return b, nil
+}
+
+// logOptions are the settings of app's log files.
+func logOptions(app *config.App) logs.Options {
+	return logs.Options{Format: app.Logs.Format, MaxSize: app.Logs.MaxSize, MaxFiles: app.Logs.MaxFiles,
+		MaxAge: app.Logs.MaxAge, Compress: app.Logs.Compress}
+}
+
+// applyLogSettings gives rt's log files app's [apps.NAME.logs] settings
+// when a reload from old changed them (they were kept until the next
+// agent start, while the reload said done).
+func (a *Agent) applyLogSettings(rt *appRT, old, app *config.App, emit func(workers.Event)) {
+	if old == nil || old.Logs == app.Logs || rt.out == nil || rt.err == nil {
+		return
+	}
+	for _, s := range []*logs.Sink{rt.out, rt.err} {
+		if err := s.Reconfigure(logOptions(app)); err != nil {
+			a.log.Error("apply the new log settings; the previous ones stay", "app", app.Name, "error", err)
+			emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice),
+				Message: "the new [logs] settings could not be applied: " + err.Error()})
+			return
+		}
+	}
+	a.log.Info("log settings applied", "app", app.Name, "format", app.Logs.Format, "max_size", app.Logs.MaxSize,
+		"max_files", app.Logs.MaxFiles, "max_age", app.Logs.MaxAge, "compress", app.Logs.Compress)
+	emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice), Message: "new [logs] settings applied"})
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/agent/config"
 )
 
 // Role is what a caller of the control socket is, from its SO_PEERCRED.
@@ -196,4 +198,76 @@ func (a *Agent) groupHint() string {
 		return ", or as a member of socket_group " + g
 	}
 	return ""
+}
+
+// changesApp are the calls that start, stop or replace an app's workers or
+// its release, and so run (or choose) code as the app's user. A member may
+// make them on an app that runs as root only with members_may_run_as_root.
+var changesApp = map[string]bool{
+	"POST " + api.PathDeploy:   true,
+	"POST " + api.PathRollback: true,
+	"POST " + api.PathReload:   true, // checked by handleReload, against the config it loads
+	"POST " + api.PathRestart:  true,
+	"POST " + api.PathScale:    true,
+	"POST " + api.PathStop:     true,
+	"POST " + api.PathStart:    true,
+	"POST " + api.PathPromote:  true,
+	"POST " + api.PathAbort:    true,
+}
+
+// runsAsRoot reports whether app's workers and hooks run as uid 0: the
+// agent is root and the app has no user, or a user whose uid is 0.
+func runsAsRoot(app *config.App) bool {
+	if os.Getuid() != 0 {
+		return false
+	}
+	cred, err := credential(app)
+	if err != nil {
+		return false // the app cannot start at all
+	}
+	return cred == nil || cred.Uid == 0
+}
+
+// mayChange says whether p may change app (a call of changesApp); why
+// explains a refusal and names the key that would allow it.
+func mayChange(p *Peer, app *config.App) (bool, string) {
+	if p == nil || p.Role != RoleMember || app == nil || app.MembersMayRunAsRoot || !runsAsRoot(app) {
+		return true, ""
+	}
+	return false, fmt.Sprintf("permission denied: app %s runs as root (no `user`, or a user with uid 0, under an agent "+
+		"that runs as root), and members of socket_group may not deploy, roll back, reload, restart, scale, stop, start, "+
+		"promote or abort it: that runs code as root. Set user = \"NAME\" in [apps.%s] to run it as an unprivileged "+
+		"user, or members_may_run_as_root = true there to allow members anyway", app.Name, app.Name)
+}
+
+// authorizeApp applies mayChange to the app a request names (the running
+// config's; reload checks the one it loads). body is the request's body.
+func (a *Agent) authorizeApp(p *Peer, method, path string, body []byte) (bool, string) {
+	call := method + " " + path
+	if p == nil || p.Role != RoleMember || !changesApp[call] || call == "POST "+api.PathReload {
+		return true, ""
+	}
+	var req struct {
+		App string `json:"app"`
+	}
+	if json.Unmarshal(body, &req) != nil {
+		return true, "" // the handler answers the bad request
+	}
+	a.mu.Lock()
+	rt := a.apps[req.App]
+	a.mu.Unlock()
+	if rt == nil {
+		return true, "" // the handler answers: no such app
+	}
+	return mayChange(p, rt.config())
+}
+
+// mayReload applies mayChange to the apps a member's reload moves to cfg.
+func mayReload(p *Peer, cfg *config.Config, names []string) (bool, string) {
+	for _, n := range names {
+		if ok, why := mayChange(p, cfg.Apps[n]); !ok {
+			return false, why
+		}
+	}
+	return true, ""
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/deployd/deployd/agent/config"
 )
 
 // memberColumn is how the docs' tables word each Need.
@@ -88,6 +90,43 @@ func TestAuthorize(t *testing.T) {
 		ok, why := a.authorize(&Peer{UID: 1234, Role: tc.role}, tc.method, tc.path)
 		if ok != tc.ok {
 			t.Errorf("%s %s %s: %v (%s), want %v", tc.role, tc.method, tc.path, ok, why, tc.ok)
+		}
+	}
+}
+
+// A member may not change an app that runs as root (the agent runs as
+// root, the app has no user) unless the app says members_may_run_as_root;
+// owners always may, and reading is never refused.
+func TestMemberMayNotChangeRootApp(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("an app runs as root only under a root agent")
+	}
+	member := &Peer{UID: 1234, Role: RoleMember}
+	owner := &Peer{UID: 0, Role: RoleOwner}
+	for _, tc := range []struct {
+		name string
+		p    *Peer
+		app  config.App
+		ok   bool
+	}{
+		{"member, no user", member, config.App{Name: "web"}, false},
+		{"member, user root", member, config.App{Name: "web", User: "root"}, false},
+		{"member, no user, key set", member, config.App{Name: "web", MembersMayRunAsRoot: true}, true},
+		{"member, user nobody", member, config.App{Name: "web", User: "nobody"}, true},
+		{"owner, no user", owner, config.App{Name: "web"}, true},
+	} {
+		ok, why := mayChange(tc.p, &tc.app)
+		if ok != tc.ok {
+			t.Errorf("%s: %v (%s), want %v", tc.name, ok, why, tc.ok)
+		}
+		if !ok && (!strings.Contains(why, "members_may_run_as_root = true") || !strings.Contains(why, "runs as root")) {
+			t.Errorf("%s: the refusal does not name the key: %s", tc.name, why)
+		}
+	}
+	for call := range changesApp {
+		method, path, _ := strings.Cut(call, " ")
+		if need, ok := needOf(method, path); !ok || need != NeedMember {
+			t.Errorf("%s: changesApp lists a call members may not make at all", call)
 		}
 	}
 }

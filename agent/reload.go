@@ -54,6 +54,10 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	names = slices.DeleteFunc(names, func(n string) bool { return slices.Contains(gone, n) })
+	if ok, why := mayReload(peerOf(r.Context()), cfg, names); !ok {
+		writeError(w, http.StatusForbidden, why)
+		return
+	}
 	st := newStream(w)
 	if agentChanged {
 		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
@@ -123,8 +127,15 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	if canary > 0 {
 		return a.reloadCanary(rt, app, lease, spec, strategy, canary, emit)
 	}
+	// The new workers' lines are written with the new [logs] settings;
+	// a reload that does not go through puts the old ones back.
+	old := rt.config()
+	a.applyLogSettings(rt, old, app, emit)
 	err = rt.sup.Reload(spec, strategy, emit)
 	rt.settle(app, lease, err)
+	if err != nil {
+		a.applyLogSettings(rt, app, old, func(workers.Event) {})
+	}
 	res := appResult(app.Name, err)
 	res.Release = spec.Release
 	return res

@@ -51,7 +51,12 @@ func (a *Agent) routes() http.Handler {
 	log := a.log.Named("control")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer := peerOf(r.Context())
+		// The body is bounded in size and in time: a client that trickles
+		// it keeps its connection no longer than controlBodyTimeout.
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(controlBodyTimeout))
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, api.MaxRequestBytes))
+		_ = rc.SetReadDeadline(time.Time{}) // net/http's background read must not time out under a long operation
 		kv := []any{"call", r.Method + " " + r.URL.RequestURI(), "request", summarize(body)}
 		var who []any // how the operation's log lines name the caller
 		if peer != nil {
@@ -67,7 +72,11 @@ func (a *Agent) routes() http.Handler {
 			writeErr(w, "", err)
 			return
 		}
-		if ok, why := a.authorize(peer, r.Method, r.URL.Path); !ok {
+		ok, why := a.authorize(peer, r.Method, r.URL.Path)
+		if ok {
+			ok, why = a.authorizeApp(peer, r.Method, r.URL.Path, body)
+		}
+		if !ok {
 			log.Warn("control request refused", append(kv, "reason", why)...)
 			writeError(w, http.StatusForbidden, why)
 			return

@@ -271,6 +271,9 @@ func (a *Agent) survivorSockets(ss []survivor) []*handoff.Activated {
 			continue
 		}
 		done[s.app] = true
+		for _, l := range got {
+			l.From = fmt.Sprintf("a worker left by a dead agent (pid %d, agent pid %d)", s.p.PID, s.agentPID)
+		}
 		out = append(out, got...)
 		a.log.Info("took the listeners back from a worker left by a dead agent", "app", s.app, "pid", s.p.PID,
 			"agent_pid", s.agentPID, "listeners", len(got))

@@ -28,6 +28,10 @@ type Activated struct {
 	// Addr is what the socket is bound to: an address and port for tcp, a path
 	// for unix.
 	Addr string
+	// From says where the socket came from, for the log: "" is systemd's
+	// socket activation; the agent names other origins (a worker a dead
+	// agent left).
+	From string
 
 	ap   netip.AddrPort // tcp
 	file *os.File

@@ -190,6 +190,12 @@ func (r *Registry) adoptActivatedLocked(app string, w Want) (*Listener, error) {
 		return nil, err
 	}
 	r.activated = slices.Delete(r.activated, idx, idx+1)
+	if s.From != "" {
+		// A worker's copy of a socket an agent opened for this listen URL:
+		// matched by address, in the mode it was opened with.
+		r.log.Info("adopted socket from "+s.From, "app", app, "listen", w.URL, "socket", s.Addr)
+		return l, nil
+	}
 	r.log.Info("adopted socket from systemd socket activation", "app", app, "listen", w.URL,
 		"socket", s.Addr, "fd_name", s.Name, "matched_by", by)
 	if by == "name" {

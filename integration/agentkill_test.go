@@ -74,6 +74,10 @@ listen = ["unix://%DIR%/side.sock"]
 		return AllReady(st, "web", 3) && AllReady(st, "side", 1)
 	})
 	t.Logf("new agent serving %s after its start", time.Since(t1).Round(time.Millisecond))
+	// The sockets it took back from the survivors are logged as theirs.
+	if log := a.Log(); strings.Contains(log, "systemd socket activation") || !strings.Contains(log, "adopted socket from a worker left by a dead agent") {
+		t.Errorf("the new agent's log words the sockets it took back from survivors wrongly:\n%s", log)
+	}
 	// It retires the killed agent's workers once its own are ready.
 	waitAllGone(t, old, 15*time.Second)
 	t.Logf("the killed agent's %d workers retired %s after the new agent's start", len(old), time.Since(t1).Round(time.Millisecond))

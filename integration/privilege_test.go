@@ -147,7 +147,7 @@ func TestMemberSignedUpgradeWorks(t *testing.T) {
 func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
 	m := newMember(t)
 	port := FreePort(t)
-	a := startMemberAgent(t, m, "", releasesApp(port, 1))
+	a := startMemberAgent(t, m, "", releasesApp(port, 1)+memberRootKey)
 	stateDir := filepath.Join(a.Dir, "state")
 	readableDir := rootOnlyDir(t, 0o755) // the folder is readable; its secret is not
 	tgz := filepath.Join(filepath.Dir(readableDir), "secret.tar.gz")
@@ -217,7 +217,7 @@ func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
 func TestMemberDeploysOwnArtifactAndRunsApps(t *testing.T) {
 	m := newMember(t)
 	port := FreePort(t)
-	a := startMemberAgent(t, m, "", releasesApp(port, 1))
+	a := startMemberAgent(t, m, "", releasesApp(port, 1)+memberRootKey)
 	dir := m.Dir(t)
 	v1 := filepath.Join(dir, "release-v1")
 	os.Rename(artifactDir(t, "v1", false), v1)
@@ -286,6 +286,10 @@ func requireMemberLimits(t *testing.T, a *Agent, m *member) {
 		t.Errorf("the agent log does not name uid %d", m.UID)
 	}
 }
+
+// memberRootKey lets members operate the app although it runs as root (no
+// user): these tests are about what a member can and cannot reach.
+const memberRootKey = "members_may_run_as_root = true\n"
 
 // releaseTarball is a .tar.gz release: ./run starting the test app.
 func releaseTarball(t *testing.T, version string) string {

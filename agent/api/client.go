@@ -30,6 +30,9 @@ func NewClient(socket string) *Client {
 			return d.DialContext(ctx, "unix", socket)
 		},
 		MaxIdleConns: 4,
+		// Shorter than the agent's idle timeout (2 min): the client drops
+		// an idle connection before the agent closes it under a request.
+		IdleConnTimeout: 30 * time.Second,
 	}
 	return &Client{Socket: socket, hc: &http.Client{Transport: tr}}
 }

@@ -24,6 +24,9 @@ const (
 	// new agent) and did nothing; the client asks once more, and a new
 	// agent answers if there is one.
 	KindStopping Kind = "stopping"
+	// KindLimited: the caller holds as many control connections as it may
+	// (agent/connlimit.go); the agent refused this one and did nothing.
+	KindLimited Kind = "limited"
 )
 
 // Exit codes of the CLI (cli uses these).
@@ -52,6 +55,7 @@ var outcomes = map[Kind]outcome{
 	KindFailed:    {http.StatusInternalServerError, ExitFailed, OutcomeFailed},
 	KindNoCanary:  {http.StatusPreconditionFailed, ExitFailed, OutcomeFailed},
 	KindStopping:  {http.StatusServiceUnavailable, ExitUnreachable, OutcomeRefused},
+	KindLimited:   {http.StatusServiceUnavailable, ExitFailed, OutcomeRefused},
 }
 
 func (k Kind) get() outcome {
@@ -76,7 +80,7 @@ func KindOfStatus(status int) Kind {
 		return KindDone
 	}
 	for k, o := range outcomes {
-		if o.status == status && k != KindAbandoned {
+		if o.status == status && k != KindAbandoned && k != KindLimited {
 			return k
 		}
 	}

@@ -36,6 +36,7 @@ type rawApp struct {
 	CPUAffinity  toml.Primitive `toml:"cpu_affinity"`
 	User         toml.Primitive `toml:"user"`
 	Group        toml.Primitive `toml:"group"`
+	MembersRoot  toml.Primitive `toml:"members_may_run_as_root"`
 	Watchdog     toml.Primitive `toml:"watchdog"`
 	Logs         toml.Primitive `toml:"logs"`
 	Node         toml.Primitive `toml:"node"`
@@ -162,6 +163,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.boolean(raw.CPUAffinity, k("cpu_affinity"), &a.CPUAffinity)
 	a.User = d.account(raw.User, k("user"), false)
 	a.Group = d.account(raw.Group, k("group"), true)
+	d.boolean(raw.MembersRoot, k("members_may_run_as_root"), &a.MembersMayRunAsRoot)
 	d.duration(raw.Watchdog, k("watchdog"), &a.Watchdog, true)
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)

@@ -143,6 +143,10 @@ type App struct {
 	MaxMemory   int64
 	CPUAffinity bool
 	User, Group string
+	// MembersMayRunAsRoot lets socket_group members change the app (deploy,
+	// reload, restart, ...) although it runs as root: no user, or a user
+	// whose uid is 0, under a root agent. Off, the agent refuses them.
+	MembersMayRunAsRoot bool
 	// Watchdog: a worker must send WATCHDOG=1 at least this often; 0 = off.
 	Watchdog time.Duration
 	Logs     Logs

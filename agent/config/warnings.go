@@ -1,6 +1,9 @@
 package config
 
-import "strconv"
+import (
+	"fmt"
+	"strconv"
+)
 
 // warnings are notes about a valid config that probably does not do what
 // its author means. `deployd config check` prints them and the agent logs
@@ -21,6 +24,38 @@ func warnings(c *Config, file string, kl keyLines) []Problem {
 		}
 	}
 	out = append(out, canaryWarnings(c, file, kl)...)
+	out = append(out, rootAppWarnings(c, file, kl)...)
+	return out
+}
+
+// rootAppWarnings: with socket_group, an app without user runs as root
+// under a root agent, so the agent refuses members' deploys and other
+// changes to it unless members_may_run_as_root is set; and with that key,
+// members can run any code as root.
+func rootAppWarnings(c *Config, file string, kl keyLines) []Problem {
+	g := c.Agent.SocketGroup
+	if g == "" {
+		return nil
+	}
+	var out []Problem
+	for _, n := range c.AppNames {
+		a := c.Apps[n]
+		if a.User != "" && a.User != "root" && a.User != "0" {
+			continue
+		}
+		key := []string{"apps", n, "user"}
+		msg := fmt.Sprintf("the app runs as root under an agent that runs as root (no user, or user root): the agent "+
+			"refuses deploy, rollback, reload, restart, scale, stop, start, promote and abort of it by members of "+
+			"socket_group %q; set user = \"NAME\" to run it as an unprivileged user, or members_may_run_as_root = true "+
+			"if members may run code as root", g)
+		if a.MembersMayRunAsRoot {
+			key = []string{"apps", n, "members_may_run_as_root"}
+			msg = fmt.Sprintf("members of socket_group %q can run any code as root through this app (a deploy runs their "+
+				"release and its hooks as root) when the agent runs as root; set user = \"NAME\" to run it as an "+
+				"unprivileged user instead", g)
+		}
+		out = append(out, Problem{File: file, Line: kl.find(key), Key: keyString(key), Msg: msg})
+	}
 	return out
 }
 

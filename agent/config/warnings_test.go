@@ -40,3 +40,32 @@ func TestWarnsCanaryActionWithoutTimeout(t *testing.T) {
 		t.Errorf("canary_action with canary_timeout: warnings %v, err %v; want none", cfg.Warnings, err)
 	}
 }
+
+// With socket_group, an app that runs as root gets a warning: members are
+// refused on it, or, with members_may_run_as_root, may run code as root.
+func TestWarnsRootAppWithSocketGroup(t *testing.T) {
+	group := "[agent]\nsocket_group = \"0\"\n"
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"no user", group + web, "apps.web.user: the app runs as root"},
+		{"user root", group + web + "user = \"root\"\n", "apps.web.user: the app runs as root"},
+		{"the key set", group + web + "members_may_run_as_root = true\n", "apps.web.members_may_run_as_root: members of socket_group \"0\" can run any code as root"},
+	} {
+		cfg, err := Load(writeConfig(t, tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(cfg.Warnings) != 1 || !strings.Contains(cfg.Warnings[0].String(), tc.want) {
+			t.Errorf("%s: warnings %v, want one with %q", tc.name, cfg.Warnings, tc.want)
+		}
+		if tc.name != "the key set" && !strings.Contains(cfg.Warnings[0].String(), "members_may_run_as_root = true") {
+			t.Errorf("%s: the warning does not name the key: %v", tc.name, cfg.Warnings)
+		}
+	}
+	for _, body := range []string{web, group + web + "user = \"nobody\"\n"} {
+		if cfg, err := Load(writeConfig(t, body)); err != nil || len(cfg.Warnings) != 0 {
+			t.Errorf("%q: warnings %v, err %v; want none", body, cfg.Warnings, err)
+		}
+	}
+}

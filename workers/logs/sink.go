@@ -104,12 +104,14 @@ const (
 	reqRotate
 	reqTruncate
 	reqClose
+	reqReopen
 )
 
 // request asks the writer goroutine to write everything queued, then act.
 type request struct {
 	kind  reqKind
 	reply chan error // buffered, so the writer never waits for the asker
+	opts  *Options   // reqReopen: the new settings
 }
 
 // OpenSink opens (creating, with its directory) the file at o.Path and starts
@@ -152,7 +154,7 @@ func OpenSink(o Options) (*Sink, error) {
 	}
 	room := make(chan struct{})
 	s.room.Store(&room)
-	w := &writer{s: s, f: f, log: o.Logger.With("path", o.Path)}
+	w := &writer{s: s, f: f, log: o.Logger.With("path", o.Path), opts: o}
 	go w.run()
 	return s, nil
 }
@@ -244,8 +246,32 @@ func (s *Sink) Truncate() error {
 	return s.do(context.Background(), reqTruncate, "truncate")
 }
 
+// Reconfigure writes what is queued, then goes on with o's Format,
+// MaxSize, MaxFiles, MaxAge and Compress (a reload that changed
+// [apps.NAME.logs]); the path, buffers and logger stay. On error the
+// previous settings stay in force.
+func (s *Sink) Reconfigure(o Options) error {
+	switch o.Format {
+	case "":
+		o.Format = FormatText
+	case FormatText, FormatRaw, FormatJSON:
+	default:
+		return fmt.Errorf("logs: reconfigure %s: unknown format %q", s.opts.Path, o.Format)
+	}
+	if o.MaxSize <= 0 {
+		o.MaxSize = DefaultMaxSize
+	}
+	n := s.opts // the writer's copy changes; s.opts is read by Write and stays
+	n.Format, n.MaxSize, n.MaxFiles, n.MaxAge, n.Compress = o.Format, o.MaxSize, o.MaxFiles, o.MaxAge, o.Compress
+	return s.doWith(context.Background(), request{kind: reqReopen, opts: &n}, "reconfigure")
+}
+
 func (s *Sink) do(ctx context.Context, kind reqKind, what string) error {
-	r := request{kind: kind, reply: make(chan error, 1)}
+	return s.doWith(ctx, request{kind: kind}, what)
+}
+
+func (s *Sink) doWith(ctx context.Context, r request, what string) error {
+	r.reply = make(chan error, 1)
 	select {
 	case s.reqs <- r:
 	case <-s.done:

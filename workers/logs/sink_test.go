@@ -1,6 +1,7 @@
 package logs
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -347,5 +348,36 @@ func TestOpenSinkErrors(t *testing.T) {
 	}
 	if _, err := OpenSink(Options{}); err == nil {
 		t.Error("empty path accepted")
+	}
+}
+
+// Reconfigure (a reload that changed [apps.NAME.logs]) switches the format
+// and the rotation size of an open sink; lines before it keep the old one.
+func TestSinkReconfigure(t *testing.T) {
+	path := testPath(t)
+	s := open(t, Options{Path: path, Format: FormatRaw})
+	s.Write(Line{App: "web", Stream: "out", Text: "before"})
+	if err := s.Reconfigure(Options{Format: FormatJSON, MaxSize: 200}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		s.Write(Line{App: "web", Stream: "out", Text: fmt.Sprintf("after %d", i)})
+	}
+	if err := s.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "before") || !strings.HasPrefix(string(b), "{") {
+		t.Errorf("current file after a reconfigure to json with max_size 200:\n%s", b)
+	}
+	rotated, _ := filepath.Glob(strings.TrimSuffix(path, ".log") + "-*")
+	if len(rotated) == 0 {
+		t.Error("no rotation at the new max_size of 200 bytes")
+	}
+	if err := s.Reconfigure(Options{Format: "xml"}); err == nil {
+		t.Error("reconfigure to an unknown format: no error")
 	}
 }

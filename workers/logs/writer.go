@@ -19,9 +19,10 @@ const batchBytes = 256 << 10
 // writer is a Sink's writer goroutine and its state, all owned by run: the
 // File, the batch being built and the accounting of dropped lines.
 type writer struct {
-	s   *Sink
-	f   File
-	log hclog.Logger
+	s    *Sink
+	f    File
+	log  hclog.Logger
+	opts Options // the file's settings: s.opts, or the last Reconfigure's
 
 	buf     []byte // formatted lines not yet written
 	head    []byte // scratch for a marker written before buf
@@ -50,6 +51,10 @@ func (w *writer) run() {
 			if r.kind == reqClose {
 				r.reply <- w.close()
 				return
+			}
+			if r.kind == reqReopen {
+				r.reply <- w.reopen(*r.opts)
+				continue
 			}
 			r.reply <- w.handle(r.kind)
 		}
@@ -112,6 +117,36 @@ func (w *writer) handle(kind reqKind) error {
 	return err
 }
 
+// reopen writes what is queued in the old format, closes the file and
+// opens it again with o; if that fails it goes on with the old settings.
+func (w *writer) reopen(o Options) error {
+	_ = w.take()
+	_ = w.flush()
+	if err := w.f.Close(); err != nil {
+		w.log.Warn("close the log to reconfigure it", "error", err)
+	}
+	f, err := o.Open(o)
+	if err != nil {
+		if f, err2 := w.opts.Open(w.opts); err2 == nil {
+			w.f = f
+		} else {
+			w.f = failedFile{err2}
+		}
+		return err
+	}
+	w.f, w.opts = f, o
+	return nil
+}
+
+// failedFile stands for a log file that could not be opened again: every
+// write fails (and is counted as dropped) until the next Reconfigure.
+type failedFile struct{ err error }
+
+func (f failedFile) Write([]byte) (int, error) { return 0, f.err }
+func (f failedFile) Rotate() error             { return f.err }
+func (f failedFile) Truncate() error           { return f.err }
+func (f failedFile) Close() error              { return nil }
+
 // take formats the queued lines without waiting for more, writing whenever
 // a batch is full. It returns the first write error.
 func (w *writer) take() error {
@@ -129,7 +164,7 @@ func (w *writer) take() error {
 func (w *writer) add(l *Line) error {
 	w.s.queuedBytes.Add(-int64(len(l.Text)))
 	w.app = l.App
-	w.buf = appendLine(w.buf, w.s.opts.Format, l)
+	w.buf = appendLine(w.buf, w.opts.Format, l)
 	if len(w.buf) >= batchBytes {
 		return w.flush()
 	}
@@ -156,7 +191,7 @@ func (w *writer) flush() error {
 		}
 		if w.pending > 0 {
 			m := markerLine(time.Now(), w.app, w.pending, w.reason())
-			w.head = appendLine(w.head, w.s.opts.Format, &m)
+			w.head = appendLine(w.head, w.opts.Format, &m)
 		}
 		head = len(w.head)
 		w.head = append(w.head, w.buf...)
