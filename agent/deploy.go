@@ -251,7 +251,12 @@ func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := a.releases.Get(req.App, target); err != nil {
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("no release %s of %s on this host; see `deployd releases %s`", target, req.App, req.App))
+		msg := fmt.Sprintf("no release %s of %s on this host", target, req.App)
+		if errors.Is(err, release.ErrBadArtifact) { // not a version name: "../x", "/etc"
+			msg = err.Error()
+		}
+		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("rollback refused, nothing changed: %s; "+
+			"give --to one of the versions `deployd releases %s` lists", msg, req.App))
 		return
 	}
 	t := time.Now()

@@ -59,14 +59,9 @@ func (s *Store) InstallFrom(app string, src Source, version, wantSHA string) (*R
 	}
 	rel := &Release{App: app, Version: version, InstalledAt: time.Now().UTC(), SHA256: sum, Size: size,
 		Kind: src.Kind, Artifact: src.Name, Path: s.Path(app, version)}
-	if err := writeMeta(tmp, rel); err != nil {
+	if err := s.commit(tmp, rel); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, rel.Path); err != nil {
-		return nil, fmt.Errorf("install %s: %w", rel.Path, err)
-	}
-	syncDir(filepath.Dir(rel.Path))
-	rel.Created = true
 	return rel, nil
 }
 

@@ -1,0 +1,108 @@
+package integration
+
+// Bounded reads of what another party controls: a rollback's version, the
+// records in a release folder the app's user can write, a client's
+// artifact stream that never comes, an oversized config or binary.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// within is a context for one control call of a test.
+func within(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// deployPath deploys the artifact folder path as version, by path (root).
+func deployPath(t *testing.T, a *Agent, path, version string) {
+	t.Helper()
+	res, err := a.Client.Deploy(within(t, time.Minute), api.DeployRequest{App: "web", Artifact: path, Version: version}, nil, nil)
+	if err != nil || res.Status != api.DeployDeployed {
+		t.Fatalf("deploy %s: %+v, %v\n%s", version, res, err, a.Log())
+	}
+}
+
+// A rollback's --to is a version of the app installed on this host, never
+// a path: "../../x" (whatever x holds; here a FIFO where the record would
+// be, which held the app's lock forever) is refused at once, naming the
+// problem and the fix, and nothing changes. A FIFO or a link to /dev/zero
+// the app's user puts in a release folder as its record changes nothing
+// either: releases and rollback answer from the agent's own records.
+func TestRollbackToIsAnInstalledVersion(t *testing.T) {
+	port := FreePort(t)
+	a := StartAgent(t, bins, releasesApp(port, 1))
+	deployPath(t, a, artifactDir(t, "1.0.0", false), "1.0.0")
+	deployPath(t, a, artifactDir(t, "2.0.0", false), "2.0.0")
+	state := func() []byte {
+		b, err := os.ReadFile(filepath.Join(a.Dir, "state", "state.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	before, pids := state(), PIDs(a.App("web"))
+
+	// x is two levels above the app's releases folder: state/x.
+	x := filepath.Join(a.Dir, "state", "x")
+	if err := os.MkdirAll(x, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(x, ".deployd-release.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []string{"../../x", "../1.0.0", "/etc", "3.0.0"} {
+		_, err := a.Client.Rollback(within(t, 10*time.Second), api.RollbackRequest{App: "web", To: to}, nil)
+		var se *api.StatusError
+		if !errors.As(err, &se) {
+			t.Fatalf("rollback --to %s: %v; want a refusal within 10s", to, err)
+		}
+		for _, want := range []string{"rollback refused, nothing changed", "deployd releases web"} {
+			if !strings.Contains(se.Message, want) {
+				t.Errorf("rollback --to %s: %q lacks %q", to, se.Message, want)
+			}
+		}
+		if to == "3.0.0" && !strings.Contains(se.Message, "no release 3.0.0 of web") ||
+			to != "3.0.0" && !strings.Contains(se.Message, "use letters, digits") {
+			t.Errorf("rollback --to %s: %q does not name the problem", to, se.Message)
+		}
+	}
+	if after := state(); string(after) != string(before) {
+		t.Errorf("a refused rollback changed state.json:\n%s\n->\n%s", before, after)
+	}
+	if after := PIDs(a.App("web")); !reflect.DeepEqual(after, pids) {
+		t.Errorf("a refused rollback changed the workers: %v -> %v", pids, after)
+	}
+
+	// What the app's user may put in a release folder as its record.
+	rel1 := filepath.Join(a.Dir, "state", "releases", "web", "1.0.0", ".deployd-release.json")
+	rel2 := filepath.Join(a.Dir, "state", "releases", "web", "2.0.0", ".deployd-release.json")
+	os.Remove(rel1)
+	os.Remove(rel2)
+	if err := syscall.Mkfifo(rel1, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/zero", rel2); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := a.Client.Releases(within(t, 10*time.Second), "web")
+	if err != nil || len(rs.Releases) != 2 {
+		t.Fatalf("releases with a FIFO and a /dev/zero link in the release folders: %+v, %v", rs, err)
+	}
+	res, err := a.Client.Rollback(within(t, time.Minute), api.RollbackRequest{App: "web", To: "1.0.0"}, nil)
+	if err != nil || res.Status != api.DeployRolledBack {
+		t.Fatalf("rollback to 1.0.0: %+v, %v\n%s", res, err, a.Log())
+	}
+}
