@@ -106,3 +106,24 @@ func TestRollbackToIsAnInstalledVersion(t *testing.T) {
 		t.Fatalf("rollback to 1.0.0: %+v, %v\n%s", res, err, a.Log())
 	}
 }
+
+// A deploy cut short (agent killed mid-install) leaves a staging folder;
+// the next agent removes it when it starts, and keeps the releases.
+func TestAgentStartRemovesStagingLeftovers(t *testing.T) {
+	port := FreePort(t)
+	a := StartAgent(t, bins, releasesApp(port, 1))
+	deployPath(t, a, artifactDir(t, "1.0.0", false), "1.0.0")
+	a.Stop()
+	left := filepath.Join(a.Dir, "state", "releases", "web", ".tmp-cut-short")
+	if err := os.MkdirAll(filepath.Join(left, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a.Start()
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the staging leftover is still there after a start: %v", err)
+	}
+	rs, err := a.Client.Releases(within(t, 10*time.Second), "web")
+	if err != nil || len(rs.Releases) != 1 || rs.Releases[0].Version != "1.0.0" {
+		t.Errorf("releases after the start: %+v, %v", rs, err)
+	}
+}

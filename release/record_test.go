@@ -144,3 +144,28 @@ func TestGetRefusesTraversal(t *testing.T) {
 		t.Errorf("Get through a link = %+v; want an error", rel)
 	}
 }
+
+// Staging folders that an install cut short left are removed; one an
+// install still holds is not.
+func TestRemoveLeftoversSparesHeldStaging(t *testing.T) {
+	s, _ := installed(t, "1.0.0")
+	left := filepath.Join(s.Dir, "web", tmpPrefix+"left")
+	if err := os.MkdirAll(filepath.Join(left, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	held, cleanup, err := s.stage("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	removed, err := s.RemoveLeftovers()
+	if err != nil || len(removed) != 1 || removed[0] != left {
+		t.Errorf("RemoveLeftovers = %v, %v; want [%s]", removed, err, left)
+	}
+	if _, err := os.Stat(held); err != nil {
+		t.Errorf("a held staging folder was removed: %v", err)
+	}
+	if _, err := s.Get("web", "1.0.0"); err != nil {
+		t.Errorf("the release went with the leftovers: %v", err)
+	}
+}

@@ -101,7 +101,15 @@ func (s *Store) stage(app string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
+	// Held until the install ends, so that another agent (starting during
+	// an upgrade) does not take it for a leftover.
+	lock, err := lockStaging(tmp, true)
+	if err != nil {
+		os.Remove(tmp)
+		return "", nil, fmt.Errorf("releases folder: %w", err)
+	}
 	return tmp, func() {
+		defer lock.Close()
 		os.RemoveAll(tmp)
 		if newParent {
 			os.Remove(parent) // only if empty: not after a rename into it

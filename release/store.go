@@ -214,11 +214,7 @@ func (s *Store) Prune(app string, keep int, protect ...string) ([]string, error)
 	if err != nil {
 		return nil, err
 	}
-	if tmps, _ := filepath.Glob(filepath.Join(s.Dir, app, tmpPrefix+"*")); len(tmps) > 0 {
-		for _, t := range tmps {
-			os.RemoveAll(t)
-		}
-	}
+	s.removeStaging(app)
 	var removed []string
 	kept := 0
 	for _, r := range rs {
