@@ -115,8 +115,13 @@ func (a *Agent) deployInput(r *http.Request, req api.DeployRequest) (func() (*re
 		if err != nil {
 			return nil, failWith(api.KindUsage, "%w", err)
 		}
+		// A pipe becomes non-blocking: a client that stops sending meets
+		// the idle deadline, and one that hangs up ends the read at once.
+		if f, err = release.Pollable(f); err != nil {
+			return nil, err
+		}
 		context.AfterFunc(r.Context(), func() { f.Close() })
-		src := release.Source{File: f, Kind: req.Kind, Name: req.Name}
+		src := release.Source{File: f, Kind: req.Kind, Name: req.Name, Idle: a.settings.StreamTimeout}
 		return func() (*release.Release, error) {
 			return a.releases.InstallFrom(req.App, src, req.Version, req.SHA256)
 		}, nil

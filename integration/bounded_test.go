@@ -127,3 +127,33 @@ func TestAgentStartRemovesStagingLeftovers(t *testing.T) {
 		t.Errorf("releases after the start: %+v, %v", rs, err)
 	}
 }
+
+// A client that passes a pipe as its artifact and never writes it holds
+// the app's lock only until stream_timeout: the deploy is refused, naming
+// why, and root's restart, which it made "busy", then works.
+func TestDeployOfAPipeNeverWrittenGivesUp(t *testing.T) {
+	port := FreePort(t)
+	a := StartAgent(t, bins, "stream_timeout = \"2s\"\n\n"+releasesApp(port, 1))
+	deployPath(t, a, artifactDir(t, "1.0.0", false), "1.0.0")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close() // open, never written
+	t0 := time.Now()
+	_, err = a.Client.Deploy(within(t, 30*time.Second),
+		api.DeployRequest{App: "web", Kind: "tar.gz", Name: "app.tar.gz", Version: "2.0.0"}, r, nil)
+	took := time.Since(t0)
+	var se *api.StatusError
+	if !errors.As(err, &se) || !strings.Contains(se.Message, "sent nothing for 2s") {
+		t.Fatalf("deploy of a pipe never written: %v after %s; want a refusal after stream_timeout\n%s", err, took, a.Log())
+	}
+	t.Logf("deploy of a pipe never written refused after %s (stream_timeout 2s): %s", took.Round(time.Millisecond), se.Message)
+	res, err := a.Client.Restart(within(t, time.Minute), "web", nil)
+	if err != nil || !res.OK {
+		t.Fatalf("restart after the refused deploy: %+v, %v", res, err)
+	}
+	if rs, err := a.Client.Releases(within(t, 10*time.Second), "web"); err != nil || len(rs.Releases) != 1 {
+		t.Errorf("releases after the refused deploy: %+v, %v; want 1.0.0 only", rs, err)
+	}
+}
