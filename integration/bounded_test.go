@@ -8,8 +8,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -155,5 +157,96 @@ func TestDeployOfAPipeNeverWrittenGivesUp(t *testing.T) {
 	}
 	if rs, err := a.Client.Releases(within(t, 10*time.Second), "web"); err != nil || len(rs.Releases) != 1 {
 		t.Errorf("releases after the refused deploy: %+v, %v; want 1.0.0 only", rs, err)
+	}
+}
+
+// sparseFile makes a file of size bytes that takes no disk (all zeros: one
+// line of NUL bytes for a TOML parser).
+func sparseFile(t *testing.T, path string, size int64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// vmHWM is the peak resident set of pid, in KiB.
+func vmHWM(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			return n
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
+}
+
+// `config check` on an oversized config refuses it at once, with bounded
+// memory, and quotes little of it; a config within the size limit holding
+// a line of almost a megabyte is quoted as a window of that line. The
+// agent's reload of an oversized config is refused the same way, and the
+// agent does not grow.
+func TestOversizedConfigRefusedFast(t *testing.T) {
+	a := NewAgentDir(t, bins, appConfig("web", FreePort(t), 1, ""))
+	dir := t.TempDir()
+	longLine := filepath.Join(dir, "long-line.toml")
+	if err := os.WriteFile(longLine, []byte("[agent]\nsocket = \"/s\" "+strings.Repeat("x", 1<<20-100)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mib64, gib2 := filepath.Join(dir, "64MiB.toml"), filepath.Join(dir, "2GiB.toml")
+	sparseFile(t, mib64, 64<<20)
+	sparseFile(t, gib2, 2<<30)
+	for _, path := range []string{longLine, mib64, gib2} { // on a failure, stop before the larger
+		ctx := within(t, 30*time.Second)
+		cmd := exec.CommandContext(ctx, bins.Deployd, "config", "check", "-c", path)
+		cmd.Env = CleanEnv()
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		t0 := time.Now()
+		err := cmd.Run()
+		took := time.Since(t0)
+		maxrss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KiB
+		t.Logf("config check of %s: %s, max RSS %d KiB, %d bytes on stderr", filepath.Base(path), took.Round(time.Millisecond), maxrss, stderr.Len())
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("config check of %s: %v; want exit 2", path, err)
+		}
+		if stderr.Len() > 4<<10 || maxrss > 64<<10 || took > 10*time.Second {
+			t.Fatalf("config check of %s: %s, max RSS %d KiB, stderr %d bytes; want a short refusal in bounded memory:\n%.400s",
+				path, took, maxrss, stderr.Len(), stderr.String())
+		}
+	}
+
+	a.Start()
+	hwm := vmHWM(t, a.PID())
+	big, err := os.ReadFile(a.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sparseFile(t, a.Config, 64<<20)
+	t0 := time.Now()
+	_, err = a.Client.Reload(within(t, 30*time.Second), api.ReloadRequest{}, nil)
+	var se *api.StatusError
+	if !errors.As(err, &se) || !strings.Contains(se.Message, "too large") || len(se.Message) > 4<<10 {
+		t.Fatalf("reload of a 64 MiB config: %v; want a short refusal", err)
+	}
+	after := vmHWM(t, a.PID())
+	t.Logf("reload of a 64 MiB config refused in %s; agent peak RSS %d KiB before, %d KiB after",
+		time.Since(t0).Round(time.Millisecond), hwm, after)
+	if after > hwm+16<<10 {
+		t.Errorf("the agent's peak RSS grew from %d to %d KiB on a refused reload", hwm, after)
+	}
+	if err := os.WriteFile(a.Config, big, 0o644); err != nil { // for the agent's stop
+		t.Fatal(err)
 	}
 }

@@ -39,7 +39,7 @@ func ReadFile(path string, o Options) ([]byte, error) {
 	}
 	f, err := os.OpenFile(path, flags, 0)
 	if errors.Is(err, syscall.ELOOP) && o.NoFollow {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: a symbolic link", ErrNotRegular)}
+		return nil, &fs.PathError{Op: "open", Path: path, Err: &refusal{ErrNotRegular, "a symbolic link, not a regular file"}}
 	}
 	if err != nil {
 		return nil, err
@@ -50,20 +50,30 @@ func ReadFile(path string, o Options) ([]byte, error) {
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, kind(fi.Mode()))}
+		return nil, &fs.PathError{Op: "open", Path: path, Err: &refusal{ErrNotRegular, kind(fi.Mode()) + ", not a regular file"}}
 	}
 	if fi.Size() > o.Max {
-		return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, fi.Size(), o.Max)}
+		return nil, &fs.PathError{Op: "read", Path: path, Err: &refusal{ErrTooLarge, fmt.Sprintf("%d bytes, over the limit of %d", fi.Size(), o.Max)}}
 	}
 	b, err := io.ReadAll(io.LimitReader(f, o.Max+1))
 	if err != nil {
 		return nil, err
 	}
 	if int64(len(b)) > o.Max {
-		return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w: over %d bytes", ErrTooLarge, o.Max)}
+		return nil, &fs.PathError{Op: "read", Path: path, Err: &refusal{ErrTooLarge, fmt.Sprintf("over the limit of %d bytes", o.Max)}}
 	}
 	return b, nil
 }
+
+// refusal says why a file was refused, for a person; errors.Is matches
+// its sentinel.
+type refusal struct {
+	is  error
+	msg string
+}
+
+func (r *refusal) Error() string        { return r.msg }
+func (r *refusal) Is(target error) bool { return target == r.is }
 
 // kind names a file mode that is not a regular file's.
 func kind(m fs.FileMode) string {
@@ -79,5 +89,5 @@ func kind(m fs.FileMode) string {
 	case m&fs.ModeDevice != 0:
 		return "a device"
 	}
-	return "not a regular file"
+	return "a special file"
 }
