@@ -126,6 +126,14 @@ func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File,
 		return nil, check, failWith(api.KindForbidden, "permission denied: the agent opens a path for root and its own uid only; "+
 			"members of socket_group pass the file itself: use a deployd CLI of this version or later")
 	}
+	// A member's upgrade without a key to check its signature, or any
+	// upgrade whose checks cannot pass, is refused before the binary is
+	// read (or the agent waits for anything).
+	if !owner || req.Signature == "" {
+		if err := check.Precheck(); err != nil && (req.Attached || req.Binary != "") {
+			return nil, check, err
+		}
+	}
 	if req.Signature != "" {
 		sig, err := os.ReadFile(req.Signature)
 		if err != nil {

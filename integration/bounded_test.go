@@ -250,3 +250,34 @@ func TestOversizedConfigRefusedFast(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A member's `upgrade --binary` that the agent refuses whatever the binary
+// (no upgrade_public_key to check a member's signature) is refused before
+// the agent reads it: the agent does not grow by the binary's 100 MiB.
+func TestMemberUpgradeRefusedBeforeReading(t *testing.T) {
+	m := newMember(t)
+	a := startMemberAgent(t, m, "", appConfig("web", FreePort(t), 1, ""))
+	big := filepath.Join(m.Dir(t), "deployd-big")
+	sparseFile(t, big, 100<<20)
+	if err := os.Chmod(big, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m.Own(t, big)
+	hwm := vmHWM(t, a.PID())
+	cmd := exec.CommandContext(within(t, time.Minute), bins.Deployd, "upgrade", "--binary", big)
+	cmd.Env = CleanEnv("DEPLOYD_SOCKET=" + a.Socket)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: m.Cred}
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(t0)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "no [agent] upgrade_public_key") {
+		t.Fatalf("member's upgrade: %v; want exit 1 naming the missing key:\n%s", err, out)
+	}
+	after := vmHWM(t, a.PID())
+	t.Logf("member's upgrade of a 100 MiB binary refused in %s; agent peak RSS %d KiB before, %d KiB after",
+		took.Round(time.Millisecond), hwm, after)
+	if after > hwm+16<<10 {
+		t.Errorf("the agent's peak RSS grew from %d to %d KiB on a refused upgrade", hwm, after)
+	}
+}
