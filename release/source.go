@@ -176,7 +176,7 @@ func unpackFrom(src Source, dst string) (string, int64, error) {
 		return hex.EncodeToString(h.Sum(nil)), cr.n, nil
 	}
 	dh := &dirHash{Hash: h}
-	if err := extract(tar.NewReader(bufio.NewReaderSize(in, 64<<10)), dst, dh); err != nil {
+	if err := extract(tar.NewReader(bufio.NewReaderSize(in, 64<<10)), dst, dh, nil); err != nil {
 		return "", 0, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), dh.size, nil
