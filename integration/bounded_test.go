@@ -66,7 +66,9 @@ func TestRollbackToIsAnInstalledVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, to := range []string{"../../x", "../1.0.0", "/etc", "3.0.0"} {
+		t0 := time.Now()
 		_, err := a.Client.Rollback(within(t, 10*time.Second), api.RollbackRequest{App: "web", To: to}, nil)
+		t.Logf("rollback --to %s: answered in %s", to, time.Since(t0).Round(time.Microsecond))
 		var se *api.StatusError
 		if !errors.As(err, &se) {
 			t.Fatalf("rollback --to %s: %v; want a refusal within 10s", to, err)
