@@ -117,9 +117,12 @@ func (a *Agent) deployInput(r *http.Request, req api.DeployRequest) (func() (*re
 		}
 		// A pipe becomes non-blocking: a client that stops sending meets
 		// the idle deadline, and one that hangs up ends the read at once.
-		if f, err = release.Pollable(f); err != nil {
+		p, err := release.Pollable(f)
+		if err != nil {
+			f.Close()
 			return nil, err
 		}
+		f = p
 		context.AfterFunc(r.Context(), func() { f.Close() })
 		src := release.Source{File: f, Kind: req.Kind, Name: req.Name, Idle: a.settings.StreamTimeout}
 		return func() (*release.Release, error) {
