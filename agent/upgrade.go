@@ -10,12 +10,16 @@ import (
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/internal/boundedfile"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/release/selfupdate"
 )
 
 // probeTimeout bounds `NEW version` before an upgrade.
 const probeTimeout = 5 * time.Second
+
+// maxSignature bounds a minisign signature file (one is about 300 bytes).
+const maxSignature = 64 << 10
 
 // errUpgradeBusy is returned when an upgrade is already running.
 var errUpgradeBusy = errors.New("an agent upgrade is already running; wait for it to finish")
@@ -135,7 +139,7 @@ func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File,
 		}
 	}
 	if req.Signature != "" {
-		sig, err := os.ReadFile(req.Signature)
+		sig, err := boundedfile.ReadFile(req.Signature, boundedfile.Options{Max: maxSignature})
 		if err != nil {
 			return nil, check, failWith(api.KindRefused, "signature: %w", err)
 		}
