@@ -82,8 +82,6 @@ func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error
 		return nil, refuse(NotRegular, "%s is neither a file, a folder nor a .tar.gz", artifact)
 	case strings.HasSuffix(artifact, ".tar.gz") || strings.HasSuffix(artifact, ".tgz"):
 		kind = KindTarball
-	case !fi.Mode().IsRegular():
-		return nil, refuse(NotRegular, "%s is neither a file, a folder nor a .tar.gz", artifact)
 	case fi.Mode()&0o111 == 0:
 		return nil, refuse(NotExecutable, "%s is not executable", artifact)
 	}
