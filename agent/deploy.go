@@ -115,8 +115,16 @@ func (a *Agent) deployInput(r *http.Request, req api.DeployRequest) (func() (*re
 		if err != nil {
 			return nil, failWith(api.KindUsage, "%w", err)
 		}
+		// A pipe becomes non-blocking: a client that stops sending meets
+		// the idle deadline, and one that hangs up ends the read at once.
+		p, err := release.Pollable(f)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		f = p
 		context.AfterFunc(r.Context(), func() { f.Close() })
-		src := release.Source{File: f, Kind: req.Kind, Name: req.Name}
+		src := release.Source{File: f, Kind: req.Kind, Name: req.Name, Idle: a.settings.StreamTimeout}
 		return func() (*release.Release, error) {
 			return a.releases.InstallFrom(req.App, src, req.Version, req.SHA256)
 		}, nil
@@ -251,7 +259,12 @@ func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := a.releases.Get(req.App, target); err != nil {
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("no release %s of %s on this host; see `deployd releases %s`", target, req.App, req.App))
+		msg := fmt.Sprintf("no release %s of %s on this host", target, req.App)
+		if errors.Is(err, release.ErrBadArtifact) { // not a version name: "../x", "/etc"
+			msg = err.Error()
+		}
+		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("rollback refused, nothing changed: %s; "+
+			"give --to one of the versions `deployd releases %s` lists", msg, req.App))
 		return
 	}
 	t := time.Now()

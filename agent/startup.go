@@ -33,6 +33,11 @@ func (a *Agent) setup(cfg *config.Config) error {
 		return err
 	}
 	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	if removed, err := a.releases.RemoveLeftovers(); err != nil { // of deploys cut short
+		a.log.Warn("remove staging folders of installs cut short", "error", err)
+	} else if len(removed) > 0 {
+		a.log.Info("removed staging folders of installs cut short", "folders", removed)
+	}
 	// Before any app: a handover we cannot read must make this agent give
 	// up, so that the previous one keeps its workers.
 	if a.inherited, err = a.receiveHandover(); err != nil {

@@ -10,12 +10,16 @@ import (
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/internal/boundedfile"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/release/selfupdate"
 )
 
 // probeTimeout bounds `NEW version` before an upgrade.
 const probeTimeout = 5 * time.Second
+
+// maxSignature bounds a minisign signature file (one is about 300 bytes).
+const maxSignature = 64 << 10
 
 // errUpgradeBusy is returned when an upgrade is already running.
 var errUpgradeBusy = errors.New("an agent upgrade is already running; wait for it to finish")
@@ -163,8 +167,16 @@ func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File,
 		return nil, check, failWith(api.KindForbidden, "permission denied: the agent opens a path for root and its own uid only; "+
 			"members of socket_group pass the file itself: use a deployd CLI of this version or later")
 	}
+	// A member's upgrade without a key to check its signature, or any
+	// upgrade whose checks cannot pass, is refused before the binary is
+	// read (or the agent waits for anything).
+	if !owner || req.Signature == "" {
+		if err := check.Precheck(); err != nil && (req.Attached || req.Binary != "") {
+			return nil, check, err
+		}
+	}
 	if req.Signature != "" {
-		sig, err := os.ReadFile(req.Signature)
+		sig, err := boundedfile.ReadFile(req.Signature, boundedfile.Options{Max: maxSignature})
 		if err != nil {
 			return nil, check, failWith(api.KindRefused, "signature: %w", err)
 		}

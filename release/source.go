@@ -2,8 +2,10 @@ package release
 
 import (
 	"archive/tar"
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -24,6 +26,9 @@ type Source struct {
 	// filepath.WalkDir order, the folder itself first as ".".
 	Kind string
 	Name string // the artifact's base name; a KindFile is installed under it
+	// Idle is how long a read waits for the client's next bytes (0:
+	// DefaultStreamIdle); File should be Pollable for it to apply.
+	Idle time.Duration
 }
 
 // Install verifies and installs src as app's version, as Install does for
@@ -45,6 +50,10 @@ func (s *Store) InstallFrom(app string, src Source, version, wantSHA string) (*R
 	}
 	defer cleanup() // a no-op for the folder once renamed
 	sum, size, err := unpackFrom(src, tmp)
+	var re *RefusedError
+	if errors.As(err, &re) && (re.Problem == Stalled || re.Problem == TooLarge) {
+		return nil, re
+	}
 	if err != nil {
 		return nil, refuse(Unpack, "%v", err)
 	}
@@ -59,14 +68,9 @@ func (s *Store) InstallFrom(app string, src Source, version, wantSHA string) (*R
 	}
 	rel := &Release{App: app, Version: version, InstalledAt: time.Now().UTC(), SHA256: sum, Size: size,
 		Kind: src.Kind, Artifact: src.Name, Path: s.Path(app, version)}
-	if err := writeMeta(tmp, rel); err != nil {
+	if err := s.commit(tmp, rel); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, rel.Path); err != nil {
-		return nil, fmt.Errorf("install %s: %w", rel.Path, err)
-	}
-	syncDir(filepath.Dir(rel.Path))
-	rel.Created = true
 	return rel, nil
 }
 
@@ -106,7 +110,15 @@ func (s *Store) stage(app string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
+	// Held until the install ends, so that another agent (starting during
+	// an upgrade) does not take it for a leftover.
+	lock, err := lockStaging(tmp, true)
+	if err != nil {
+		os.Remove(tmp)
+		return "", nil, fmt.Errorf("releases folder: %w", err)
+	}
 	return tmp, func() {
+		defer lock.Close()
 		os.RemoveAll(tmp)
 		if newParent {
 			os.Remove(parent) // only if empty: not after a rename into it
@@ -136,6 +148,7 @@ func (s *Store) existing(app, version, sum string) (*Release, error) {
 // unpackFrom writes src into dst and returns its digest and size.
 func unpackFrom(src Source, dst string) (string, int64, error) {
 	h := sha256.New()
+	in := newStreamReader(src.File, src.Idle)
 	switch src.Kind {
 	case KindFile:
 		root, err := os.OpenRoot(dst)
@@ -147,13 +160,13 @@ func unpackFrom(src Source, dst string) (string, int64, error) {
 		if err != nil {
 			return "", 0, err
 		}
-		cr := &countReader{r: io.TeeReader(src.File, h)}
+		cr := &countReader{r: io.TeeReader(in, h)}
 		if err := writeEntry(root, cr, src.Name, fi.Mode().Perm()); err != nil {
 			return "", 0, err
 		}
 		return hex.EncodeToString(h.Sum(nil)), cr.n, nil
 	case KindTarball:
-		cr := &countReader{r: io.TeeReader(src.File, h)}
+		cr := &countReader{r: io.TeeReader(in, h)}
 		if err := Extract(cr, dst); err != nil {
 			return "", 0, err
 		}
@@ -163,7 +176,7 @@ func unpackFrom(src Source, dst string) (string, int64, error) {
 		return hex.EncodeToString(h.Sum(nil)), cr.n, nil
 	}
 	dh := &dirHash{Hash: h}
-	if err := extract(tar.NewReader(src.File), dst, dh); err != nil {
+	if err := extract(tar.NewReader(bufio.NewReaderSize(in, 64<<10)), dst, dh, nil); err != nil {
 		return "", 0, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), dh.size, nil

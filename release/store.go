@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +17,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -27,7 +25,9 @@ const (
 	KindFile    = "file"   // one executable
 	KindDir     = "dir"    // a folder, copied
 	KindTarball = "tar.gz" // extracted
-	metaFile    = ".deployd-release.json"
+	// metaFile is reserved in artifacts: the name of the record in a
+	// release folder before the records moved to the agent's place.
+	metaFile    = legacyRecord
 	tmpPrefix   = ".tmp-"
 	maxVersion  = 128
 	shortSHALen = 12
@@ -78,10 +78,10 @@ func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error
 	switch {
 	case fi.IsDir():
 		kind = KindDir
+	case !fi.Mode().IsRegular(): // a FIFO would hold the app's lock until written
+		return nil, refuse(NotRegular, "%s is neither a file, a folder nor a .tar.gz", artifact)
 	case strings.HasSuffix(artifact, ".tar.gz") || strings.HasSuffix(artifact, ".tgz"):
 		kind = KindTarball
-	case !fi.Mode().IsRegular():
-		return nil, refuse(NotRegular, "%s is neither a file, a folder nor a .tar.gz", artifact)
 	case fi.Mode()&0o111 == 0:
 		return nil, refuse(NotExecutable, "%s is not executable", artifact)
 	}
@@ -109,18 +109,29 @@ func (s *Store) Install(app, artifact, version, wantSHA string) (*Release, error
 	if err := unpack(artifact, kind, tmp); err != nil {
 		return nil, refuse(Unpack, "%v", err)
 	}
-	dst := s.Path(app, version)
 	rel := &Release{App: app, Version: version, InstalledAt: time.Now().UTC(), SHA256: sum, Size: size,
-		Kind: kind, Artifact: artifact, Path: dst}
-	if err := writeMeta(tmp, rel); err != nil {
+		Kind: kind, Artifact: artifact, Path: s.Path(app, version)}
+	if err := s.commit(tmp, rel); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return nil, fmt.Errorf("install %s: %w", dst, err)
-	}
-	syncDir(filepath.Dir(dst))
-	rel.Created = true
 	return rel, nil
+}
+
+// commit makes the staged folder tmp the release rel: the record first,
+// then one rename, so that a crash leaves either a record without its
+// folder (not a release; the next install of that version overwrites it)
+// or a complete release.
+func (s *Store) commit(tmp string, rel *Release) error {
+	if err := s.writeRecord(rel); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, rel.Path); err != nil {
+		s.removeRecord(rel.App, rel.Version)
+		return fmt.Errorf("install %s: %w", rel.Path, err)
+	}
+	syncDir(filepath.Dir(rel.Path))
+	rel.Created = true
+	return nil
 }
 
 func (s *Store) tempDir(app string) (string, error) {
@@ -158,26 +169,18 @@ func unpack(artifact, kind, dst string) error {
 	}
 }
 
-// Get returns app's version.
+// Get returns app's version; a version that is not a safe folder name is
+// refused (a *RefusedError with BadVersion) before anything is read.
 func (s *Store) Get(app, version string) (*Release, error) {
 	r, err := s.read(app, version)
+	var re *RefusedError
+	if errors.As(err, &re) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("release %s of %s: %w", version, app, err)
 	}
 	return r, nil
-}
-
-func (s *Store) read(app, version string) (*Release, error) {
-	b, err := os.ReadFile(filepath.Join(s.Path(app, version), metaFile))
-	if err != nil {
-		return nil, err
-	}
-	var r Release
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, err
-	}
-	r.Path = s.Path(app, version)
-	return &r, nil
 }
 
 // List returns app's releases, newest first.
@@ -209,11 +212,7 @@ func (s *Store) Prune(app string, keep int, protect ...string) ([]string, error)
 	if err != nil {
 		return nil, err
 	}
-	if tmps, _ := filepath.Glob(filepath.Join(s.Dir, app, tmpPrefix+"*")); len(tmps) > 0 {
-		for _, t := range tmps {
-			os.RemoveAll(t)
-		}
-	}
+	s.removeStaging(app)
 	var removed []string
 	kept := 0
 	for _, r := range rs {
@@ -228,6 +227,7 @@ func (s *Store) Prune(app string, keep int, protect ...string) ([]string, error)
 		if err := os.RemoveAll(r.Path); err != nil {
 			return removed, err
 		}
+		s.removeRecord(app, r.Version)
 		removed = append(removed, r.Version)
 	}
 	return removed, nil
@@ -279,23 +279,6 @@ func digest(path, kind string) (string, int64, error) {
 		return nil
 	})
 	return hex.EncodeToString(h.Sum(nil)), size, err
-}
-
-// writeMeta records rel in dir; a file or link already there is refused.
-func writeMeta(dir string, rel *Release) error {
-	b, err := json.MarshalIndent(rel, "", "  ")
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(filepath.Join(dir, metaFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o644)
-	if err != nil {
-		return fmt.Errorf("record release: %w", err)
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		return fmt.Errorf("record release: %w", err)
-	}
-	return f.Close()
 }
 
 // syncDir makes renames in dir durable.

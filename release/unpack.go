@@ -19,11 +19,18 @@ import (
 // client's api.PackDir writes it; a stream without it is incomplete).
 const PackEnd = ".deployd-pack-end"
 
-// Limits of an extracted tarball.
+// Limits of an extracted tarball. A gzip'd tarball may also unpack to at
+// most maxRatio times the compressed bytes read so far, beyond ratioFloor:
+// text compresses about 10:1, binaries 3:1, while a file of zeros gives
+// 1000:1 (14 MB of it would unpack to 14 GB).
 const (
 	maxEntries   = 100_000
 	maxTotalSize = 8 << 30
+	maxRatio     = 100
 )
+
+// ratioFloor is a variable for tests only.
+var ratioFloor int64 = 256 << 20
 
 // Extract unpacks a gzip'd tar stream into dst (an existing, empty folder).
 // It refuses absolute names, names with "..", links (symbolic or hard) that
@@ -31,23 +38,26 @@ const (
 // the kernel would), device files, FIFOs and sockets. Every write goes
 // through an os.Root on dst, so nothing is ever written outside it.
 func Extract(r io.Reader, dst string) error {
-	gz, err := gzip.NewReader(r)
+	in := &countReader{r: r}
+	gz, err := gzip.NewReader(in)
 	if err != nil {
 		return fmt.Errorf("not a .tar.gz: %w", err)
 	}
 	defer gz.Close()
-	return extract(tar.NewReader(gz), dst, nil)
+	return extract(tar.NewReader(gz), dst, nil, in)
 }
 
 // extract writes the entries of tr under dst (see Extract). With dig set,
-// it also hashes each entry as digest hashes a folder.
-func extract(tr *tar.Reader, dst string, dig hash.Hash) error {
+// it also hashes each entry as digest hashes a folder. With compressed
+// set (what the compressed stream read so far), the files written may
+// total at most maxRatio times it (beyond ratioFloor).
+func extract(tr *tar.Reader, dst string, dig hash.Hash, compressed *countReader) error {
 	root, err := os.OpenRoot(dst)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	var total int64
+	var total, written int64
 	for n := 0; ; n++ {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) && dig != nil {
@@ -76,6 +86,9 @@ func extract(tr *tar.Reader, dst string, dig hash.Hash) error {
 			}
 		}
 		var body io.Reader = tr
+		if compressed != nil {
+			body = &ratioReader{r: tr, written: &written, compressed: compressed}
+		}
 		if dig != nil {
 			body = hashEntry(dig, h, tr)
 		}
@@ -83,6 +96,24 @@ func extract(tr *tar.Reader, dst string, dig hash.Hash) error {
 			return err
 		}
 	}
+}
+
+// ratioReader reads a file's body from a compressed tarball, refusing it
+// once the files written total over maxRatio times the compressed bytes.
+type ratioReader struct {
+	r          io.Reader
+	written    *int64 // by every file of the tarball
+	compressed *countReader
+}
+
+func (r *ratioReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	*r.written += int64(n)
+	if w, c := *r.written, r.compressed.n; w > ratioFloor && w > maxRatio*c {
+		return n, fmt.Errorf("tarball unpacks to over %d times its compressed size (%d bytes from %d): "+
+			"refused as a likely decompression bomb (the limit is %d:1 beyond %d MiB)", maxRatio, w, c, maxRatio, ratioFloor>>20)
+	}
+	return n, err
 }
 
 // extractEntry writes one tar entry under root.

@@ -74,6 +74,7 @@ type rawAgent struct {
 	PIDFile          toml.Primitive `toml:"pid_file"`
 	Metrics          toml.Primitive `toml:"metrics"`
 	UpgradePublicKey toml.Primitive `toml:"upgrade_public_key"`
+	StreamTimeout    toml.Primitive `toml:"stream_timeout"`
 }
 
 func agentKey(name string) []string { return []string{"agent", name} }
@@ -81,7 +82,7 @@ func agentKey(name string) []string { return []string{"agent", name} }
 // agent decodes the [agent] table (absent: all defaults).
 func (d *decoder) agent(p toml.Primitive) Agent {
 	raw, _ := get[rawAgent](d, p, []string{"agent"})
-	a := Agent{UpgradeTimeout: time.Minute}
+	a := Agent{UpgradeTimeout: time.Minute, StreamTimeout: 30 * time.Second}
 	a.Socket = d.path(raw.Socket, agentKey("socket"), d.env.socket())
 	if len(a.Socket) > maxUnixPath {
 		d.fail(agentKey("socket"), strconv.Quote(a.Socket), hint(nil, "%d bytes, Unix sockets allow %d; use a shorter path", len(a.Socket), maxUnixPath))
@@ -102,6 +103,7 @@ func (d *decoder) agent(p toml.Primitive) Agent {
 	a.PIDFile = d.path(raw.PIDFile, agentKey("pid_file"), "")
 	a.Metrics = d.metrics(raw.Metrics, agentKey("metrics"))
 	a.UpgradePublicKey = d.publicKey(raw.UpgradePublicKey, agentKey("upgrade_public_key"))
+	d.duration(raw.StreamTimeout, agentKey("stream_timeout"), &a.StreamTimeout, false)
 	return a
 }
 

@@ -322,8 +322,8 @@ func TestAgentDefaults(t *testing.T) {
 		env  hostEnv
 		want Agent
 	}{
-		{"root", fakeEnv(0), Agent{Socket: "/run/deployd/deployd.sock", StateDir: "/var/lib/deployd", LogDir: "/var/log/deployd", UpgradeTimeout: time.Minute}},
-		{"user", fakeEnv(1000), Agent{Socket: "/run/user/1000/deployd.sock", StateDir: "/home/ann/.local/state/deployd", LogDir: "/home/ann/.local/state/deployd/logs", UpgradeTimeout: time.Minute}},
+		{"root", fakeEnv(0), Agent{Socket: "/run/deployd/deployd.sock", StateDir: "/var/lib/deployd", LogDir: "/var/log/deployd", UpgradeTimeout: time.Minute, StreamTimeout: 30 * time.Second}},
+		{"user", fakeEnv(1000), Agent{Socket: "/run/user/1000/deployd.sock", StateDir: "/home/ann/.local/state/deployd", LogDir: "/home/ann/.local/state/deployd/logs", UpgradeTimeout: time.Minute, StreamTimeout: 30 * time.Second}},
 	}
 	xdg := fakeEnv(1000)
 	xdg.getenv = func(k string) string { return map[string]string{"XDG_STATE_HOME": "/st"}[k] }
@@ -331,7 +331,7 @@ func TestAgentDefaults(t *testing.T) {
 		name string
 		env  hostEnv
 		want Agent
-	}{"xdg", xdg, Agent{Socket: "/run/deployd/deployd.sock", StateDir: "/st/deployd", LogDir: "/st/deployd/logs", UpgradeTimeout: time.Minute}})
+	}{"xdg", xdg, Agent{Socket: "/run/deployd/deployd.sock", StateDir: "/st/deployd", LogDir: "/st/deployd/logs", UpgradeTimeout: time.Minute, StreamTimeout: 30 * time.Second}})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := parse("/etc/deployd.toml", nil, tt.env)

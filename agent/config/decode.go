@@ -154,7 +154,7 @@ func formatValue(v any) string {
 // The keys of each table, in the order the docs list them.
 var (
 	topKeys     = []string{"agent", "apps"}
-	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key"}
+	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key", "stream_timeout"}
 	appKeys     = []string{"command", "cwd", "env", "instances", "listen", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "stop_signal", "stop_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "members_may_run_as_root", "watchdog", "logs", "node", "health", "hooks", "environment"}
 	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
 	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress"}
@@ -165,7 +165,7 @@ var (
 var examples = map[string]string{
 	"socket": `"/run/deployd/deployd.sock"`, "socket_group": `"deploy"`,
 	"state_dir": `"/var/lib/deployd"`, "log_dir": `"/var/log/deployd"`,
-	"upgrade_timeout": `"1m"`, "pid_file": `"/run/deployd.pid"`,
+	"upgrade_timeout": `"1m"`, "pid_file": `"/run/deployd.pid"`, "stream_timeout": `"30s"`,
 	"metrics": `"127.0.0.1:9901"`, "upgrade_public_key": `"RWQ..." (the second line of a minisign .pub file)`,
 	"command": `["./server", "-v"]`, "cwd": `"/srv/web"`, "env": `{ MODE = "prod" }`,
 	"instances": `"max"`, "listen": `["tcp://0.0.0.0:8080"]`, "ready": `"notify"`,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Problem is one thing wrong with a config file.
@@ -22,8 +23,36 @@ type Problem struct {
 	Err error
 }
 
-// String formats the problem as FILE:LINE: KEY = VALUE: MSG.
+// maxSnippet bounds what a problem quotes of the file (a line, a key, a
+// value): a config may hold a line of a megabyte.
+const maxSnippet = 160
+
+// maxShown bounds the problems Error lists.
+const maxShown = 50
+
+// String formats the problem as FILE:LINE: KEY = VALUE: MSG, every line of
+// it clipped to a few hundred bytes.
 func (p Problem) String() string {
+	lines := strings.Split(p.format(), "\n")
+	for i, l := range lines {
+		lines[i] = clip(l, 3*maxSnippet)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// clip shortens s to about n bytes (on a rune boundary), saying so.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes more)", s[:cut], len(s)-cut)
+}
+
+func (p Problem) format() string {
 	if p.Line == 0 && p.Key == "" {
 		return p.Msg // file-level problems name the file in Msg
 	}
@@ -37,9 +66,9 @@ func (p Problem) String() string {
 	}
 	b.WriteString(": ")
 	if p.Key != "" {
-		b.WriteString(p.Key)
+		b.WriteString(clip(p.Key, maxSnippet))
 		if p.Value != "" {
-			b.WriteString(" = " + p.Value)
+			b.WriteString(" = " + clip(p.Value, maxSnippet))
 		}
 		b.WriteString(": ")
 	}
@@ -53,11 +82,16 @@ type Error struct {
 	Problems []Problem
 }
 
-// Error lists the problems, one per line, in file order.
+// Error lists the problems, one per line, in file order; past maxShown,
+// it says how many more there are.
 func (e *Error) Error() string {
-	lines := make([]string, len(e.Problems))
+	lines := make([]string, 0, min(len(e.Problems), maxShown+1))
 	for i, p := range e.Problems {
-		lines[i] = p.String()
+		if i == maxShown {
+			lines = append(lines, fmt.Sprintf("... and %d more problems", len(e.Problems)-maxShown))
+			break
+		}
+		lines = append(lines, p.String())
 	}
 	return strings.Join(lines, "\n")
 }

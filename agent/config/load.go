@@ -7,9 +7,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/deployd/deployd/internal/boundedfile"
 )
+
+// MaxFileSize bounds a config file: the agent reads it again on every
+// reload a member of socket_group may ask for. A config of a thousand apps
+// is about 200 KiB.
+const MaxFileSize = 1 << 20
 
 // DefaultPath is the config file used when neither -c nor $DEPLOYD_CONFIG
 // names one.
@@ -29,12 +37,21 @@ func Find(flagValue string) string {
 
 // Load reads, parses and validates the config file at path. On failure the
 // error is an *Error listing every problem found.
+//
+// The file must be a regular file (a link to one is fine) of at most
+// MaxFileSize bytes: a FIFO or a device is refused without waiting or
+// reading, and so is a larger file, before it is read.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := boundedfile.ReadFile(path, boundedfile.Options{Max: MaxFileSize})
 	if err != nil {
 		msg := fmt.Sprintf("read config file %s: %v; check the path and its permissions", path, err)
-		if errors.Is(err, fs.ErrNotExist) {
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
 			msg = fmt.Sprintf("config file %s not found; pass -c FILE or set DEPLOYD_CONFIG", path)
+		case errors.Is(err, boundedfile.ErrTooLarge):
+			msg = fmt.Sprintf("config file %s is too large (%v): check that -c names the config file", path, errors.Unwrap(err))
+		case errors.Is(err, boundedfile.ErrNotRegular):
+			msg = fmt.Sprintf("config file %s is %v: deployd reads its config from a regular file", path, errors.Unwrap(err))
 		}
 		return nil, &Error{Problems: []Problem{{File: path, Msg: msg, Err: err}}}
 	}
@@ -109,6 +126,25 @@ func showLine(data []byte, pos toml.Position) string {
 	text := strings.ReplaceAll(strings.TrimRight(lines[pos.Line-1], "\r"), "\t", " ")
 	col := min(max(pos.Col, 1), len(text)+1)
 	width := min(max(pos.Len, 1), max(len(text)-col+1, 1))
+	if len(text) > maxSnippet { // a window of the line around the place
+		from := max(0, min(col-1-maxSnippet/2, len(text)-maxSnippet))
+		to := min(len(text), from+maxSnippet)
+		for from > 0 && !utf8.RuneStart(text[from]) {
+			from--
+		}
+		for to < len(text) && !utf8.RuneStart(text[to]) {
+			to++
+		}
+		pre, post := "", ""
+		if from > 0 {
+			pre = "..."
+		}
+		if to < len(text) {
+			post = "..."
+		}
+		col, width = col-from+len(pre), min(width, to-col+1)
+		text = pre + text[from:to] + post
+	}
 	gutter := fmt.Sprintf("%5d | ", pos.Line)
 	return "\n" + gutter + text + "\n" + strings.Repeat(" ", len(gutter)+col-1) + strings.Repeat("^", width)
 }

@@ -44,6 +44,9 @@ type Agent struct {
 	Metrics string
 	// UpgradePublicKey is a minisign public key; when set, upgrades need a signature.
 	UpgradePublicKey string
+	// StreamTimeout is how long the agent waits for the next bytes of an
+	// artifact a client streams before it refuses the deploy. Default 30s.
+	StreamTimeout time.Duration
 }
 
 // ReadyMode is how a worker tells it is ready.

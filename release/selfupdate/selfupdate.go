@@ -25,8 +25,9 @@ import (
 	"github.com/minio/selfupdate"
 )
 
-// MaxBinary bounds the size of a candidate binary.
-const MaxBinary = 512 << 20
+// MaxBinary bounds the size of a candidate binary, which is read into
+// memory to be verified (a deployd binary is about 14 MiB).
+const MaxBinary = 128 << 20
 
 // ErrBadBinary is wrapped by every refusal of a candidate (a *RefusedError).
 var ErrBadBinary = errors.New("selfupdate: new binary refused")
@@ -95,6 +96,9 @@ func Backup(target string) string {
 // must be writable by the agent only) and runs `version` on that file. On
 // any error nothing is left behind and nothing of src has run.
 func Prepare(src *os.File, target string, c Check) (*Candidate, error) {
+	if err := c.Precheck(); err != nil {
+		return nil, err
+	}
 	data, err := readCandidate(src)
 	if err != nil {
 		return nil, err
@@ -149,12 +153,34 @@ func readCandidate(src *os.File) ([]byte, error) {
 	return data, nil
 }
 
-func (c Check) verify(data, sum []byte) error {
+// Precheck refuses what needs no byte of the candidate to refuse: a
+// malformed sha256, a signature required with no key to check it, a key
+// set and no signature. Callers run it before they read (or wait for)
+// the candidate; Prepare runs it too.
+func (c Check) Precheck() error {
 	if c.SHA256 != "" {
-		want, err := hex.DecodeString(strings.TrimSpace(c.SHA256))
-		if err != nil || len(want) != sha256.Size {
+		if want, err := hex.DecodeString(strings.TrimSpace(c.SHA256)); err != nil || len(want) != sha256.Size {
 			return refuse(ChecksumFormat, "the expected sha256 %q is not 64 hex digits", c.SHA256)
 		}
+	}
+	if c.PublicKey == "" && c.RequireSignature {
+		return refuse(NoPublicKey, "this caller's upgrade needs a signature, and the agent has no [agent] upgrade_public_key to check one")
+	}
+	if c.PublicKey == "" && len(c.Signature) > 0 {
+		return refuse(NoPublicKey, "a signature was given but the agent has no [agent] upgrade_public_key to check it with")
+	}
+	if c.PublicKey != "" && len(c.Signature) == 0 {
+		return refuse(SignatureRequired, "a minisign signature is required ([agent] upgrade_public_key is set)")
+	}
+	return nil
+}
+
+func (c Check) verify(data, sum []byte) error {
+	if err := c.Precheck(); err != nil {
+		return err
+	}
+	if c.SHA256 != "" {
+		want, _ := hex.DecodeString(strings.TrimSpace(c.SHA256))
 		if !bytes.Equal(want, sum) {
 			return refuse(ChecksumMismatch, "sha256 mismatch: the new binary has %x, expected %x", sum, want)
 		}

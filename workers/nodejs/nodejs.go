@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -88,12 +89,18 @@ func Detect(argv []string) bool {
 	return shebangNode(argv[0])
 }
 
+// shebangNode reads the #! line of path. The root agent reads it from a
+// release folder the app's user may own: non-blocking, so that a FIFO
+// there does not wait for a writer, and a regular file only.
 func shebangNode(path string) bool {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
 	b := make([]byte, 256)
 	n, _ := f.Read(b)
 	line, _, _ := bytes.Cut(b[:n], []byte{'\n'})

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -38,6 +39,22 @@ func TestDetect(t *testing.T) {
 		if got := Detect(tt.argv); got != tt.want {
 			t.Errorf("Detect(%q) = %v, want %v", tt.argv, got, tt.want)
 		}
+	}
+	// A FIFO in a release folder (the app's user may own it) is not
+	// opened for reading until a writer comes.
+	fifo := filepath.Join(dir, "run")
+	if err := syscall.Mkfifo(fifo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan bool, 1)
+	go func() { done <- Detect([]string{fifo}) }()
+	select {
+	case got := <-done:
+		if got {
+			t.Error("Detect(a FIFO) = true")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Detect blocked on a FIFO for 10s")
 	}
 	if Enabled(ModeOff, []string{"/usr/bin/node"}) || !Enabled(ModeOn, []string{"/bin/app"}) {
 		t.Error("node = off/on must override detection")
