@@ -169,10 +169,22 @@ func (w *Worker) stop(state State) {
 		return
 	default:
 	}
+	w.awaitStop(w.askStop(state))
+}
+
+// askStop moves the worker to state and sends it its stop signal; it
+// returns when the worker is to be killed, stop_timeout from now. An
+// exited process is not an error: awaitStop returns at once.
+func (w *Worker) askStop(state State) time.Time {
 	w.setState(state)
-	// An exited process is not an error: the wait below returns at once.
 	w.signal(w.spec.StopSignal)
-	t := time.NewTimer(w.spec.StopTimeout)
+	return time.Now().Add(w.spec.StopTimeout)
+}
+
+// awaitStop waits until the worker is gone, killing its process group at
+// killAt if it still runs then.
+func (w *Worker) awaitStop(killAt time.Time) {
+	t := time.NewTimer(time.Until(killAt))
 	defer t.Stop()
 	select {
 	case <-w.exited:
