@@ -1,8 +1,13 @@
 package workers
 
 import (
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // An old worker that an operation replaced drains in the background: the
@@ -34,6 +39,7 @@ func (st *state) drainAside(w *Worker) *drain {
 // publishes its exit, reported to the operation's progress too while the
 // operation runs.
 func (o *op) drainInBackground(d *drain) {
+	o.drains = append(o.drains, d)
 	w := d.w
 	o.step(Event{Type: EventDraining, Slot: w.Slot, PID: w.PID, Release: w.Release}, nil)
 	t := time.Now()
@@ -56,4 +62,97 @@ func (st *state) drainingWorkers() []*Worker {
 		ws = append(ws, d.w)
 	}
 	return ws
+}
+
+// awaitStopAccepting waits until every worker the operation set draining
+// has stopped accepting: it said so (STOPPING=1, as deployd's Node.js
+// preload does once it closed its listeners), neither it nor a child of it
+// holds one of its listening sockets any more, or it is gone. A stop
+// signal is not handled at once (a busy or loaded process takes its time),
+// and until then the old worker still takes new connections from the
+// shared queue: once this returns, only the new workers do. A server that
+// keeps its listener open while it drains, and does not say it stopped,
+// is waited for stopAcceptingMax at most, once, at the end of the
+// operation.
+func (o *op) awaitStopAccepting() {
+	tick := time.NewTicker(stopAcceptingPoll)
+	defer tick.Stop()
+	limit := time.NewTimer(stopAcceptingMax)
+	defer limit.Stop()
+	for _, d := range o.drains {
+		socks := listenerInodes(d.w.spec)
+		for !d.w.stoppedAccepting() && holdsListener(d.w.PID, socks) {
+			select {
+			case <-d.done:
+			case <-o.s.cancel:
+				return
+			case <-limit.C:
+				return
+			case <-tick.C:
+				continue
+			}
+			break
+		}
+	}
+}
+
+// stopAcceptingPoll is how often awaitStopAccepting looks in /proc (no
+// event tells when a process closes a descriptor), and stopAcceptingMax
+// how long it waits in all.
+const (
+	stopAcceptingPoll = 10 * time.Millisecond
+	stopAcceptingMax  = 2 * time.Second
+)
+
+// listenerInodes returns the socket inodes of spec's listeners.
+func listenerInodes(spec *Spec) map[uint64]bool {
+	socks := map[uint64]bool{}
+	for _, l := range spec.Listeners {
+		fd, err := l.Fd()
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(int(fd), &st) == nil {
+			socks[st.Ino] = true
+		}
+	}
+	return socks
+}
+
+// maxTree bounds the processes holdsListener looks at.
+const maxTree = 256
+
+// holdsListener reports whether pid or one of its descendants has one of
+// socks open. False once the process is gone, or where /proc does not
+// tell (then nothing is waited for).
+func holdsListener(pid int, socks map[uint64]bool) bool {
+	if pid <= 0 || len(socks) == 0 {
+		return false
+	}
+	queue := []int{pid}
+	for i := 0; i < len(queue) && i < maxTree; i++ {
+		p := strconv.Itoa(queue[i])
+		ents, _ := os.ReadDir("/proc/" + p + "/fd")
+		for _, e := range ents {
+			link, err := os.Readlink("/proc/" + p + "/fd/" + e.Name())
+			ino, ok := strings.CutPrefix(link, "socket:[")
+			if err != nil || !ok {
+				continue
+			}
+			if n, err := strconv.ParseUint(strings.TrimSuffix(ino, "]"), 10, 64); err == nil && socks[n] {
+				return true
+			}
+		}
+		tasks, _ := os.ReadDir("/proc/" + p + "/task")
+		for _, t := range tasks {
+			b, _ := os.ReadFile("/proc/" + p + "/task/" + t.Name() + "/children")
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return false
 }

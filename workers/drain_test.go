@@ -117,9 +117,13 @@ func TestReloadDoesNotWaitForDrains(t *testing.T) {
 	if st.State != AppRunning || st.Release != next.Release || ready != n || len(st.Workers) != n {
 		t.Errorf("after the reload: state %s release %s, %d ready of %s: %+v", st.State, st.Release, ready, next.Release, st.Workers)
 	}
+	socks := listenerInodes(spec)
 	for _, w := range old {
 		if !draining[w.PID] && !isClosed(w.Done()) {
 			t.Errorf("old worker %d (pid %d) is neither draining in status nor gone: %+v", w.Slot, w.PID, st.Workers)
+		}
+		if holdsListener(w.PID, socks) {
+			t.Errorf("old worker %d (pid %d) still holds the listener after the reload", w.Slot, w.PID)
 		}
 	}
 

@@ -185,9 +185,10 @@ var helpers = map[string]func() int{
 		}
 		return exitNow()
 	},
-	// slow-drain is ready and serves; on SIGTERM it goes on for DRAIN_FOR
-	// (a long drain: streams still open), then exits DRAIN_EXIT (0 if
-	// unset). With DRAIN_FOR past the stop timeout it is killed first.
+	// slow-drain is ready and serves; on SIGTERM it stops accepting (closes
+	// its listening fds) and goes on for DRAIN_FOR (a long drain: streams
+	// still open), then exits DRAIN_EXIT (0 if unset). With DRAIN_FOR past
+	// the stop timeout it is killed first.
 	"slow-drain": func() int {
 		term := notifyTerm()
 		drain, _ := time.ParseDuration(os.Getenv("DRAIN_FOR"))
@@ -197,6 +198,10 @@ var helpers = map[string]func() int{
 			return 5
 		}
 		<-term
+		n, _ := strconv.Atoi(os.Getenv(handoff.EnvListenFDs))
+		for fd := 3; fd < 3+n; fd++ {
+			unix.Close(fd)
+		}
 		fmt.Println("helper: draining for", drain)
 		time.Sleep(drain)
 		return code

@@ -24,6 +24,9 @@ type op struct {
 	info     *opInfo
 	progress func(Event) // guarded by mu; nil once the operation ended
 	mu       sync.Mutex  // serializes progress: drains report concurrently
+	// drains are the old workers the operation set draining; only its
+	// own goroutine touches them.
+	drains []*drain
 }
 
 // begin admits an operation: a *BusyError when one runs, ErrCanceled after

@@ -27,7 +27,8 @@ const (
 // also stayed up min_ready); it does not wait for the old workers' drains:
 // each old worker gets its stop signal as soon as its replacement is
 // ready, then drains in the background, bounded by stop_timeout, while
-// the roll moves on (drain.go). progress may be nil; it gets the reload's
+// the roll moves on (drain.go). Before it returns, every old worker has
+// stopped accepting (awaitStopAccepting). progress may be nil; it gets the reload's
 // started, ready, failed, draining and exited events (exited for the
 // drains that end before the reload does; later ones go to subscribers
 // only); calls to it never overlap and all happen before Reload returns,
@@ -58,6 +59,7 @@ func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event))
 	}
 	start := time.Now() // for Counters
 	err = o.reload(slots, old, spec, strategy)
+	o.awaitStopAccepting()
 	o.change(func(st *state) {
 		st.ctr.reloaded(time.Since(start), err)
 		switch {

@@ -68,6 +68,8 @@ type Worker struct {
 	exitedAt  time.Time
 	readyOnce sync.Once
 	health    healthState
+	// saidStopping: the worker sent STOPPING=1 (it stopped accepting).
+	saidStopping bool
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
@@ -154,6 +156,13 @@ func (w *Worker) ExitDescription() string {
 
 // LastLines returns the last lines of the worker's output.
 func (w *Worker) LastLines() []string { return w.tail.Lines() }
+
+// stoppedAccepting reports whether the worker said it stopped (STOPPING=1).
+func (w *Worker) stoppedAccepting() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.saidStopping
+}
 
 // killGroup sends SIGKILL to the worker's whole process group.
 func (w *Worker) killGroup() {
@@ -346,7 +355,12 @@ func (w *Worker) onNotify(msg handoff.Notify) {
 		w.mu.Unlock()
 	}
 	if msg["STOPPING"] == "1" {
-		w.setState(Stopping)
+		w.mu.Lock()
+		w.saidStopping = true
+		if w.state != Exited && w.state != Draining { // a drain shows as one to its end
+			w.state = Stopping
+		}
+		w.mu.Unlock()
 	}
 	if msg["READY"] == "1" {
 		w.markReady()
