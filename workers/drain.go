@@ -65,8 +65,9 @@ func (st *state) drainingWorkers() []*Worker {
 }
 
 // awaitStopAccepting waits until every worker the operation set draining
-// has stopped accepting: it said so (STOPPING=1, as deployd's Node.js
-// preload does once it closed its listeners), neither it nor a child of it
+// has stopped accepting: it said so (STOPPING=1, which deployd's Node.js
+// preload sends in the same turn as it closes its listeners), neither it
+// nor a child of it
 // holds one of its listening sockets any more, or it is gone. A stop
 // signal is not handled at once (a busy or loaded process takes its time),
 // and until then the old worker still takes new connections from the
