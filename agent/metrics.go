@@ -200,7 +200,8 @@ func (c *collector) collectApp(e *exposition, rt *appRT) {
 	byState := map[string]int{}
 	seen := map[string]bool{}
 	now := time.Now()
-	for _, w := range st.Workers {
+	// Old workers draining in the background count as draining workers.
+	for _, w := range append(slices.Clone(st.Workers), st.Draining...) {
 		byState[w.State]++
 		slot, pid := strconv.Itoa(w.Slot), strconv.Itoa(w.PID)
 		if w.PID == 0 || seen[slot+"/"+pid] {

@@ -181,16 +181,23 @@ func appStatus(rt *appRT) api.App {
 		app.Listen = append(app.Listen, l.URL)
 	}
 	for _, w := range s.Workers {
-		app.Workers = append(app.Workers, api.Worker{
-			Slot: w.Slot, PID: w.PID, State: string(w.State), Release: w.Release, Generation: w.Generation,
-			Restarts: w.Restarts, UptimeSeconds: w.Uptime.Seconds(),
-			MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
-			CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
-			HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
-			HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError,
-		})
+		app.Workers = append(app.Workers, apiWorker(w))
+	}
+	for _, w := range s.Draining {
+		app.Draining = append(app.Draining, apiWorker(w))
 	}
 	return app
+}
+
+func apiWorker(w workers.WorkerStatus) api.Worker {
+	return api.Worker{
+		Slot: w.Slot, PID: w.PID, State: string(w.State), Release: w.Release, Generation: w.Generation,
+		Restarts: w.Restarts, UptimeSeconds: w.Uptime.Seconds(),
+		MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
+		CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
+		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
+		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError,
+	}
 }
 
 // stream writes StreamLines to an HTTP answer; safe for concurrent use.

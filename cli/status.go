@@ -22,7 +22,9 @@ func statusCommand() *cli.Command {
 			"exited), release, uptime, restarts, CPU and memory. An errored app shows its\n" +
 			"last exit and output. An app holding a canary (state \"canary\") shows which workers\n" +
 			"run which release, how long it has held and its canary_timeout; after the hold, how\n" +
-			"it ended. --json prints the same as one JSON object (\"canary\", \"last_canary\").",
+			"it ended. Old workers a reload replaced that still drain in the background (long-lived\n" +
+			"connections, bounded by stop_timeout) follow their app's workers as \"draining\".\n" +
+			"--json prints the same as one JSON object (\"canary\", \"last_canary\", \"draining\").",
 		Flags: clientFlags(jsonFlag,
 			&cli.DurationFlag{Name: "watch", Usage: "refresh every `INTERVAL` (e.g. 1s) until Ctrl-C"}),
 		Action: func(c *cli.Context) error {
@@ -74,6 +76,12 @@ func printStatus(out io.Writer, st *api.Status) {
 		for _, w := range a.Workers {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%d\t%.1f%%\t%s\n", a.Name, w.Slot, w.PID, w.State,
 				w.Release, w.Generation, fmtDuration(w.UptimeSeconds), w.Restarts, w.CPUPercent, fmtBytes(w.RSSBytes))
+		}
+		// Old workers draining in the background: no longer in a slot
+		// (their restarts are the slot's), shown with the slot they served.
+		for _, w := range a.Draining {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t-\t%.1f%%\t%s\n", a.Name, w.Slot, w.PID, w.State,
+				w.Release, w.Generation, fmtDuration(w.UptimeSeconds), w.CPUPercent, fmtBytes(w.RSSBytes))
 		}
 	}
 	tw.Flush()

@@ -53,3 +53,27 @@ func TestStatusShowsQueueWarning(t *testing.T) {
 		t.Errorf("status lacks the warning:\n%s", b.String())
 	}
 }
+
+// Old workers draining in the background follow their app's workers, with
+// their pid and state.
+func TestStatusShowsDrainingWorkers(t *testing.T) {
+	st := &api.Status{Apps: []api.App{{Name: "web", State: "running", Release: "v2",
+		Workers:  []api.Worker{{Slot: 0, PID: 50, State: "ready", Release: "v2", Generation: 2}},
+		Draining: []api.Worker{{Slot: 0, PID: 40, State: "draining", Release: "v1", Generation: 1}}}}}
+	var b bytes.Buffer
+	printStatus(&b, st)
+	lines := strings.Split(b.String(), "\n")
+	var ready, draining int
+	for i, l := range lines {
+		f := strings.Fields(l)
+		switch {
+		case len(f) > 4 && f[2] == "50" && f[3] == "ready":
+			ready = i
+		case len(f) > 4 && f[2] == "40" && f[3] == "draining" && f[4] == "v1":
+			draining = i
+		}
+	}
+	if ready == 0 || draining <= ready {
+		t.Errorf("status does not show pid 40 draining after the ready worker:\n%s", b.String())
+	}
+}

@@ -105,6 +105,10 @@ func TestAdoptedWorkersBehaveAsOwn(t *testing.T) {
 			t.Errorf("after the reload worker %d answers %s (adopted was %d)", pid, v, before[1])
 		}
 	}
+	// It drains in the background once the reload has moved on.
+	a.WaitFor("the replaced adopted worker to drain", 20*time.Second, func(st *api.Status) bool {
+		return len(appOf(st, "web").Draining) == 0
+	})
 	if Alive(before[1]) {
 		t.Errorf("adopted worker %d still runs after the reload replaced it", before[1])
 	}

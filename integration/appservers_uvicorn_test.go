@@ -62,6 +62,11 @@ func TestUvicornDrainReloadsDropNothing(t *testing.T) {
 					t.Errorf("a connection that sent nothing is still open after every worker was replaced (read %d, %v)", n, err)
 				}
 			}
+			// The last old workers may still drain (in the background) when
+			// the reload returns.
+			a.WaitFor("the old workers to drain", 30*time.Second, func(st *api.Status) bool {
+				return len(appOf(st, "web").Draining) == 0
+			})
 			exits := exitedEvent.FindAllStringSubmatch(a.Log(), -1)
 			if len(exits) != instances*reloads {
 				t.Errorf("%d old workers exited, want %d", len(exits), instances*reloads)

@@ -122,6 +122,7 @@ func TestCanaryAbortRestoresOldRelease(t *testing.T) {
 		t.Fatalf("Abort: %+v, %v", end, err)
 	}
 	ends.next(t)
+	waitDrained(t, s)
 	st := s.Status()
 	if st.State != AppRunning || st.Release != "v1" || s.Spec().Release != "v1" || st.Canary != nil {
 		t.Fatalf("after abort: state %s release %s canary %+v", st.State, st.Release, st.Canary)
@@ -207,6 +208,7 @@ func TestCanaryOverMemoryAborts(t *testing.T) {
 		t.Fatalf("end %+v, want aborted by max_memory", end)
 	}
 	waitFor(t, "the abort to end", func() bool { return s.Status().State == AppRunning })
+	waitDrained(t, s)
 	st := s.Status()
 	for _, w := range st.Workers {
 		if w.Release != "v1" || w.MemoryReplacements != 0 {

@@ -86,6 +86,7 @@ func TestAbandonedAfterFailedRollbackSaysWhatServes(t *testing.T) {
 			t.Errorf("error %q does not say %q", msg, want)
 		}
 	}
+	waitDrained(t, s)
 	st := s.Status()
 	if len(st.Workers) != 2 || st.Workers[0].Release != "v2" || st.Workers[1].Release != "v1" {
 		t.Errorf("after a failed rollback: %+v", st.Workers)

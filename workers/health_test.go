@@ -156,6 +156,7 @@ func TestLivenessReplacesHungWorker(t *testing.T) {
 		t.Errorf("slot 1: pid %d, want the healthy %d untouched", now[1].PID, old[1].PID)
 	}
 	waitChan(t, "the hung worker to exit", old[0].Done())
+	waitDrained(t, s)
 	st := s.Status()
 	if st.Workers[0].HealthReplacements != 1 || st.Workers[1].HealthReplacements != 0 {
 		t.Errorf("health replacements %d, %d; want 1, 0", st.Workers[0].HealthReplacements, st.Workers[1].HealthReplacements)

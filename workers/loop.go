@@ -43,13 +43,16 @@ type state struct {
 	// leftovers those it did not (stopped by StopLeftovers).
 	adopted   map[*Worker]bool
 	leftovers []*Worker
+	// draining are the old workers replaced by an operation and left to
+	// drain in the background (drain.go); they belong to no slot.
+	draining []*drain
 }
 
 type slot struct {
 	index   int       // immutable: read without the loop
 	spec    *Spec     // the version this slot should run
 	cur     *Worker   // nil when none runs
-	extra   []*Worker // new workers not yet swapped in, old ones draining
+	extra   []*Worker // new workers not yet swapped in, old ones stopping
 	backoff time.Duration
 	// timer is the pending crash restart, nil when none; restartAt is
 	// when it is due (an agent upgrade hands it over).
@@ -175,7 +178,7 @@ func newSlots(from, n int, spec *Spec) []*slot {
 func (st *state) live(sl *slot) bool { return slices.Contains(st.slots, sl) }
 
 // workers lists every worker of the pool: current ones and those being
-// started or drained.
+// started, stopped or drained.
 func (st *state) workers() []*Worker {
 	var ws []*Worker
 	for _, sl := range st.slots {
@@ -184,5 +187,5 @@ func (st *state) workers() []*Worker {
 		}
 		ws = append(ws, sl.extra...)
 	}
-	return ws
+	return append(ws, st.drainingWorkers()...)
 }

@@ -29,7 +29,8 @@ const helperEnv = "DEPLOYD_WORKERS_TEST_HELPER"
 const noRaceExitSleep = "GORACE=atexit_sleep_ms=0"
 
 // helperLifetime bounds every helper process, so that a failed test cannot
-// leave one behind for long.
+// leave one behind for long; HELPER_LIFETIME in a helper's environment
+// sets another bound.
 const helperLifetime = 20 * time.Second
 
 // helpers are the behaviours of the test binary when it runs as a worker
@@ -184,6 +185,27 @@ var helpers = map[string]func() int{
 		}
 		return exitNow()
 	},
+	// slow-drain is ready and serves; on SIGTERM it stops accepting (closes
+	// its listening fds) and goes on for DRAIN_FOR (a long drain: streams
+	// still open), then exits DRAIN_EXIT (0 if unset). With DRAIN_FOR past
+	// the stop timeout it is killed first.
+	"slow-drain": func() int {
+		term := notifyTerm()
+		drain, _ := time.ParseDuration(os.Getenv("DRAIN_FOR"))
+		code, _ := strconv.Atoi(os.Getenv("DRAIN_EXIT"))
+		if err := sdNotify("READY=1"); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 5
+		}
+		<-term
+		n, _ := strconv.Atoi(os.Getenv(handoff.EnvListenFDs))
+		for fd := 3; fd < 3+n; fd++ {
+			unix.Close(fd)
+		}
+		fmt.Println("helper: draining for", drain)
+		time.Sleep(drain)
+		return code
+	},
 	"notify-once": func() int {
 		if err := sdNotify("READY=1\nSTATUS=from a child"); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)
@@ -228,7 +250,11 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "unknown helper %q\n", name)
 			os.Exit(2)
 		}
-		time.AfterFunc(helperLifetime, func() { os.Exit(99) })
+		lifetime := helperLifetime
+		if d, err := time.ParseDuration(os.Getenv("HELPER_LIFETIME")); err == nil {
+			lifetime = d
+		}
+		time.AfterFunc(lifetime, func() { os.Exit(99) })
 		os.Exit(h())
 	}
 	goleak.VerifyTestMain(m)

@@ -22,8 +22,11 @@ func (o *opInfo) busy(app string) *BusyError {
 type op struct {
 	s        *Supervisor
 	info     *opInfo
-	progress func(Event)
-	mu       sync.Mutex // serializes progress: drains report concurrently
+	progress func(Event) // guarded by mu; nil once the operation ended
+	mu       sync.Mutex  // serializes progress: drains report concurrently
+	// drains are the old workers the operation set draining; only its
+	// own goroutine touches them.
+	drains []*drain
 }
 
 // begin admits an operation: a *BusyError when one runs, ErrCanceled after
@@ -58,8 +61,12 @@ func (s *Supervisor) newOp(what, by string, progress func(Event)) *op {
 }
 
 // end lets the next operation in: first a held canary's automatic end
-// that waited for this one.
+// that waited for this one. The progress callback gets nothing after it
+// (a background drain's exit is only published).
 func (o *op) end() {
+	o.mu.Lock()
+	o.progress = nil
+	o.mu.Unlock()
 	o.s.call(func(st *state) {
 		if st.op == o.info {
 			st.op = nil
@@ -89,13 +96,12 @@ func (o *op) publish(e Event, change func(*state)) Event {
 // step is publish, and also reports e to the operation's progress callback.
 func (o *op) step(e Event, change func(*state)) {
 	e = o.publish(e, change)
-	if o.progress == nil {
-		return
-	}
 	if e.Time.IsZero() { // the loop has ended: stamp it here
 		e.Time, e.App = time.Now(), o.s.opts.App
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.progress(e)
+	if o.progress != nil {
+		o.progress(e)
+	}
 }

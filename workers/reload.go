@@ -22,10 +22,18 @@ const (
 )
 
 // Reload moves the app to spec. Another operation running gives a
-// *BusyError at once. progress may be nil; it gets the reload's started,
-// ready, failed, draining and exited events; calls to it never overlap and
-// all happen before Reload returns, but old workers drain in their own
-// goroutines, so a call may come from one of those.
+// *BusyError at once. It returns nil ("done") once every slot runs a ready
+// worker of spec and no new worker exited before the end (the first batch
+// also stayed up min_ready); it does not wait for the old workers' drains:
+// each old worker gets its stop signal as soon as its replacement is
+// ready, then drains in the background, bounded by stop_timeout, while
+// the roll moves on (drain.go). Before it returns, every old worker has
+// stopped accepting (awaitStopAccepting). progress may be nil; it gets the reload's
+// started, ready, failed, draining and exited events (exited for the
+// drains that end before the reload does; later ones go to subscribers
+// only); calls to it never overlap and all happen before Reload returns,
+// but old workers drain in their own goroutines, so a call may come from
+// one of those.
 func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event)) error {
 	o, err := s.begin("reload to release "+spec.Release, progress)
 	if err != nil {
@@ -51,6 +59,7 @@ func (s *Supervisor) Reload(spec *Spec, strategy Strategy, progress func(Event))
 	}
 	start := time.Now() // for Counters
 	err = o.reload(slots, old, spec, strategy)
+	o.awaitStopAccepting()
 	o.change(func(st *state) {
 		st.ctr.reloaded(time.Since(start), err)
 		switch {
@@ -187,8 +196,9 @@ func (o *op) rollback(done []*slot, spec *Spec) bool {
 }
 
 // replaceGroup starts a new worker on spec for every slot of group, waits
-// until all are ready and have stayed up bake since, swaps them in,
-// then drains the old ones; it returns the new workers. If one is not
+// until all are ready and have stayed up bake since, swaps them in, then
+// tells the old ones to stop and leaves them draining in the background;
+// it returns the new workers. If one is not
 // ready or exits before the swap, every new worker of the group is stopped
 // and the old ones keep their slots. One that exits after the swap is the
 // caller's to check (exitedEarly).
@@ -223,19 +233,12 @@ func (o *op) replaceGroup(group []*slot, spec *Spec, bake time.Duration, note st
 		o.stopNews(group, news)
 		return nil, err
 	}
-	olds := o.swapIn(group, news, spec, note)
-	var wg sync.WaitGroup
-	for k, w := range olds {
-		if w == nil {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o.stopWorker(group[k], w, Draining, true)
-		}()
+	// The old workers drain in the background: each has its stop signal
+	// (it stops accepting) before the next batch starts, but the roll does
+	// not wait for its streams to end.
+	for _, d := range o.swapIn(group, news, spec, note) {
+		o.drainInBackground(d)
 	}
-	wg.Wait()
 	return news, nil
 }
 
@@ -273,17 +276,17 @@ func (o *op) stopNews(group []*slot, news []*Worker) {
 }
 
 // swapIn makes news[k] the current worker of group[k]; it returns the
-// workers they replace (nil for a new slot), set aside for draining.
-func (o *op) swapIn(group []*slot, news []*Worker, spec *Spec, note string) []*Worker {
-	olds := make([]*Worker, len(group))
+// drains of the workers they replace (none for a new slot), set aside in
+// the same change, so that their exit is never taken for a crash.
+func (o *op) swapIn(group []*slot, news []*Worker, spec *Spec, note string) []*drain {
+	var olds []*drain
 	for k, sl := range group {
 		nw := news[k]
 		o.publish(Event{Type: EventServing, Slot: sl.index, PID: nw.PID, Release: spec.Release, Message: note},
 			func(st *state) {
 				sl.extra = slices.DeleteFunc(sl.extra, func(w *Worker) bool { return w == nw })
 				if sl.cur != nil {
-					olds[k] = sl.cur
-					sl.extra = append(sl.extra, sl.cur)
+					olds = append(olds, st.drainAside(sl.cur))
 				}
 				sl.cur, sl.spec, sl.backoff = nw, spec, spec.Restart.Backoff
 				o.s.watch(sl, nw)

@@ -34,7 +34,13 @@ type AppStatus struct {
 	State     AppState
 	Release   string
 	Instances int
-	Workers   []WorkerStatus
+	// Workers are the slots' workers (current ones, and new ones being
+	// started, or ones being stopped, beside them).
+	Workers []WorkerStatus
+	// Draining are old workers an operation replaced, draining in the
+	// background (state draining) until they exit or stop_timeout passes;
+	// they belong to no slot any more (Slot is the one they served).
+	Draining  []WorkerStatus
 	Restarts  int
 	LastExit  string
 	LastLines []string
@@ -81,6 +87,9 @@ func (in *state) status(app string) AppStatus {
 		for _, w := range sl.extra {
 			st.Workers = append(st.Workers, in.workerStatus(w, now))
 		}
+	}
+	for _, w := range in.drainingWorkers() {
+		st.Draining = append(st.Draining, in.workerStatus(w, now))
 	}
 	sort.SliceStable(st.Workers, func(i, j int) bool { return st.Workers[i].Slot < st.Workers[j].Slot })
 	return st

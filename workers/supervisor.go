@@ -12,6 +12,7 @@
 package workers
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -254,14 +255,17 @@ func (s *Supervisor) waitReady(w *Worker, timeout time.Duration, spec *Spec) err
 	return err
 }
 
-// stopAll stops every worker in parallel and clears the slots.
+// stopAll stops every worker in parallel, and waits for the background
+// drains (each bounded by its own stop_timeout; never signalled again).
 func (o *op) stopAll(how State) {
 	type victim struct {
 		sl *slot
 		w  *Worker
 	}
 	var vs []victim
+	var drains []*drain
 	o.change(func(st *state) {
+		drains = slices.Clone(st.draining)
 		for _, sl := range st.slots {
 			if sl.timer != nil { // a crash restart due: none while stopping
 				sl.timer.Stop()
@@ -283,4 +287,7 @@ func (o *op) stopAll(how State) {
 		}()
 	}
 	wg.Wait()
+	for _, d := range drains {
+		<-d.done
+	}
 }

@@ -68,6 +68,8 @@ type Worker struct {
 	exitedAt  time.Time
 	readyOnce sync.Once
 	health    healthState
+	// saidStopping: the worker sent STOPPING=1 (it stopped accepting).
+	saidStopping bool
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
@@ -155,6 +157,13 @@ func (w *Worker) ExitDescription() string {
 // LastLines returns the last lines of the worker's output.
 func (w *Worker) LastLines() []string { return w.tail.Lines() }
 
+// stoppedAccepting reports whether the worker said it stopped (STOPPING=1).
+func (w *Worker) stoppedAccepting() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.saidStopping
+}
+
 // killGroup sends SIGKILL to the worker's whole process group.
 func (w *Worker) killGroup() {
 	_ = syscall.Kill(-w.PID, syscall.SIGKILL)
@@ -169,10 +178,22 @@ func (w *Worker) stop(state State) {
 		return
 	default:
 	}
+	w.awaitStop(w.askStop(state))
+}
+
+// askStop moves the worker to state and sends it its stop signal; it
+// returns when the worker is to be killed, stop_timeout from now. An
+// exited process is not an error: awaitStop returns at once.
+func (w *Worker) askStop(state State) time.Time {
 	w.setState(state)
-	// An exited process is not an error: the wait below returns at once.
 	w.signal(w.spec.StopSignal)
-	t := time.NewTimer(w.spec.StopTimeout)
+	return time.Now().Add(w.spec.StopTimeout)
+}
+
+// awaitStop waits until the worker is gone, killing its process group at
+// killAt if it still runs then.
+func (w *Worker) awaitStop(killAt time.Time) {
+	t := time.NewTimer(time.Until(killAt))
 	defer t.Stop()
 	select {
 	case <-w.exited:
@@ -334,7 +355,12 @@ func (w *Worker) onNotify(msg handoff.Notify) {
 		w.mu.Unlock()
 	}
 	if msg["STOPPING"] == "1" {
-		w.setState(Stopping)
+		w.mu.Lock()
+		w.saidStopping = true
+		if w.state != Exited && w.state != Draining { // a drain shows as one to its end
+			w.state = Stopping
+		}
+		w.mu.Unlock()
 	}
 	if msg["READY"] == "1" {
 		w.markReady()

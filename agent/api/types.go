@@ -48,6 +48,10 @@ type App struct {
 	// Warnings are accept queues that grow while no worker accepts.
 	Warnings []string `json:"warnings,omitempty"`
 	Workers  []Worker `json:"workers"`
+	// Draining are old workers a reload (or a replacement) replaced, still
+	// draining in the background (state "draining") until they exit or
+	// their stop_timeout passes; not counted among the app's workers.
+	Draining []Worker `json:"draining,omitempty"`
 	// DroppedLogLines counts the output lines of the app's workers the agent
 	// could not write to its log files (disk full or too slow).
 	DroppedLogLines uint64 `json:"dropped_log_lines"`

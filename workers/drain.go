@@ -1,0 +1,159 @@
+package workers
+
+import (
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// An old worker that an operation replaced drains in the background: the
+// operation sends it its stop signal (it stops accepting) and moves on,
+// so that a rolling reload over n workers with long-lived connections
+// (streams, WebSockets) costs one drain at most, not n. The drain is
+// bounded by the worker's stop_timeout, then its process group gets
+// SIGKILL, as Worker.stop does. The worker then belongs to no slot: its
+// exit, however it ends, is not a crash. Status shows it as draining until
+// it is gone; Stop, Pause, Restart and Release wait for it (stopAll).
+
+// drain is one background drain (state.draining); done is closed once the
+// worker is gone and its exit published.
+type drain struct {
+	w    *Worker
+	done chan struct{}
+}
+
+// drainAside moves w, no longer its slot's worker, to the background
+// drains. Run by the loop, with the change that takes w out of its slot.
+func (st *state) drainAside(w *Worker) *drain {
+	d := &drain{w: w, done: make(chan struct{})}
+	st.draining = append(st.draining, d)
+	return d
+}
+
+// drainInBackground tells d's worker to stop and returns at once; a
+// goroutine waits for the worker (killing its group at stop_timeout) and
+// publishes its exit, reported to the operation's progress too while the
+// operation runs.
+func (o *op) drainInBackground(d *drain) {
+	o.drains = append(o.drains, d)
+	w := d.w
+	o.step(Event{Type: EventDraining, Slot: w.Slot, PID: w.PID, Release: w.Release}, nil)
+	t := time.Now()
+	killAt := w.askStop(Draining)
+	go func() {
+		defer close(d.done)
+		w.awaitStop(killAt)
+		o.step(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release,
+			Millis: time.Since(t).Milliseconds(), Message: w.ExitDescription()}, func(st *state) {
+			st.draining = slices.DeleteFunc(st.draining, func(x *drain) bool { return x == d })
+			delete(st.usage, w)
+		})
+	}()
+}
+
+// drainingWorkers lists the workers draining in the background.
+func (st *state) drainingWorkers() []*Worker {
+	ws := make([]*Worker, 0, len(st.draining))
+	for _, d := range st.draining {
+		ws = append(ws, d.w)
+	}
+	return ws
+}
+
+// awaitStopAccepting waits until every worker the operation set draining
+// has stopped accepting: it said so (STOPPING=1, which deployd's Node.js
+// preload sends in the same turn as it closes its listeners), neither it
+// nor a child of it
+// holds one of its listening sockets any more, or it is gone. A stop
+// signal is not handled at once (a busy or loaded process takes its time),
+// and until then the old worker still takes new connections from the
+// shared queue: once this returns, only the new workers do. A server that
+// keeps its listener open while it drains, and does not say it stopped,
+// is waited for stopAcceptingMax at most, once, at the end of the
+// operation.
+func (o *op) awaitStopAccepting() {
+	tick := time.NewTicker(stopAcceptingPoll)
+	defer tick.Stop()
+	limit := time.NewTimer(stopAcceptingMax)
+	defer limit.Stop()
+	for _, d := range o.drains {
+		socks := listenerInodes(d.w.spec)
+		for !d.w.stoppedAccepting() && holdsListener(d.w.PID, socks) {
+			select {
+			case <-d.done:
+			case <-o.s.cancel:
+				return
+			case <-limit.C:
+				return
+			case <-tick.C:
+				continue
+			}
+			break
+		}
+	}
+}
+
+// stopAcceptingPoll is how often awaitStopAccepting looks in /proc (no
+// event tells when a process closes a descriptor), and stopAcceptingMax
+// how long it waits in all.
+const (
+	stopAcceptingPoll = 10 * time.Millisecond
+	stopAcceptingMax  = 2 * time.Second
+)
+
+// listenerInodes returns the socket inodes of spec's listeners.
+func listenerInodes(spec *Spec) map[uint64]bool {
+	socks := map[uint64]bool{}
+	for _, l := range spec.Listeners {
+		fd, err := l.Fd()
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(int(fd), &st) == nil {
+			socks[st.Ino] = true
+		}
+	}
+	return socks
+}
+
+// maxTree bounds the processes holdsListener looks at.
+const maxTree = 256
+
+// holdsListener reports whether pid or one of its descendants has one of
+// socks open. False once the process is gone, or where /proc does not
+// tell (then nothing is waited for).
+func holdsListener(pid int, socks map[uint64]bool) bool {
+	if pid <= 0 || len(socks) == 0 {
+		return false
+	}
+	queue := []int{pid}
+	for i := 0; i < len(queue) && i < maxTree; i++ {
+		p := strconv.Itoa(queue[i])
+		ents, _ := os.ReadDir("/proc/" + p + "/fd")
+		for _, e := range ents {
+			link, err := os.Readlink("/proc/" + p + "/fd/" + e.Name())
+			ino, ok := strings.CutPrefix(link, "socket:[")
+			if err != nil || !ok {
+				continue
+			}
+			if n, err := strconv.ParseUint(strings.TrimSuffix(ino, "]"), 10, 64); err == nil && socks[n] {
+				return true
+			}
+		}
+		tasks, _ := os.ReadDir("/proc/" + p + "/task")
+		for _, t := range tasks {
+			b, _ := os.ReadFile("/proc/" + p + "/task/" + t.Name() + "/children")
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return false
+}
