@@ -424,7 +424,13 @@ func (r *opsRun) check() {
 			r.fail("port %d of removed app %s still accepts", port, n)
 		}
 	}
-	r.checkProcesses(allWorkerPIDs(st))
+	listed := allWorkerPIDs(st)
+	for _, ap := range st.Apps { // old workers still draining are the agent's too
+		for _, w := range ap.Draining {
+			listed[w.PID] = true
+		}
+	}
+	r.checkProcesses(listed)
 	r.checkState()
 }
 
