@@ -16,7 +16,6 @@ import (
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
-	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers"
 	"github.com/deployd/deployd/workers/logs"
 )
@@ -105,7 +104,7 @@ func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookRe
 	defer cancel()
 	cmd := exec.CommandContext(ctx, h.argv[0], h.argv[1:]...)
 	cmd.Dir = h.dir
-	cmd.Env = append(append(handoff.WorkerEnv(os.Environ()), app.Env...),
+	cmd.Env = append(appEnv(app),
 		"DEPLOYD_APP="+app.Name, "DEPLOYD_RELEASE="+h.version, "DEPLOYD_PREVIOUS_RELEASE="+h.previous,
 		"DEPLOYD_RELEASE_DIR="+h.dir, "DEPLOYD_HOOK="+h.name, "DEPLOYD_OPERATION="+h.op)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}

@@ -132,6 +132,8 @@ type Agent struct {
 	done   chan struct{}
 	// cleanupSet: killLeftWorkers is registered (once per Agent).
 	cleanupSet bool
+	// Env is added to the agent's environment (set before Start).
+	Env []string
 }
 
 // UseOwnBinary makes the agent run from a copy of deployd in its folder, so
@@ -215,7 +217,7 @@ func (a *Agent) Start() {
 	a.cmd = exec.Command(a.Binary, "agent", "-c", a.Config, "--log-level", "debug")
 	a.cmd.Dir = a.Dir
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	a.cmd.Env = CleanEnv("GORACE=atexit_sleep_ms=0")
+	a.cmd.Env = CleanEnv(append([]string{"GORACE=atexit_sleep_ms=0"}, a.Env...)...)
 	// The agent dies with the test process; its workers die with it.
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {

@@ -105,8 +105,16 @@ type App struct {
 	Name    string
 	Command []string // argv; Command[0] resolved: absolute path, or a path relative to the release dir when Releases
 	Cwd     string   // absolute; default the config file's folder
-	// Env is added to the agent's environment, sorted "K=V" entries.
+	// Env is the app's own variables, sorted "K=V" entries: those of `env`
+	// and of the env_file. Workers and hooks get them on top of a clean
+	// environment (the agent's PATH, locale, ...; the app user's HOME and
+	// USER), never the agent's whole environment.
 	Env []string
+	// EnvFile is the env_file read into Env ("" = none): kept to name it.
+	EnvFile string
+	// EnvInherit names the agent's own variables that pass to the workers
+	// and hooks as they are, sorted.
+	EnvInherit []string
 	// Instances is the resolved worker count (>= 1); InstancesSpec the raw
 	// value ("max", "4", "-1").
 	Instances     int

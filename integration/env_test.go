@@ -1,0 +1,161 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// cliWithin runs the CLI against a, killed after timeout (every control
+// call of these tests has a deadline).
+func cliWithin(t *testing.T, a *Agent, timeout time.Duration, args ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, a.bins.Deployd, args...)
+	cmd.Dir = a.Dir
+	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	err := cmd.Run()
+	r := Result{Stdout: out.String(), Stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("deployd %v: no answer within %s\n%s%s", args, timeout, r.Stdout, r.Stderr)
+	case errors.As(err, &ee):
+		r.Code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("run deployd %v: %v", args, err)
+	}
+	return r
+}
+
+// statusWithin is the agent's status, asked with a deadline.
+func statusWithin(t *testing.T, a *Agent, timeout time.Duration) *api.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	st, err := a.Client.Status(ctx, "")
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	return st
+}
+
+// environOf reads /proc/PID/environ: the environment the process started with.
+func environOf(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatalf("environ of worker %d: %v", pid, err)
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+func hasVar(env []string, kv string) bool {
+	for _, e := range env {
+		if e == kv {
+			return true
+		}
+	}
+	return false
+}
+
+// A secret in the agent's environment (a systemd Environment=, a CI
+// variable) reaches no worker and no hook, whether they run as the app's
+// user or as root; env_file and env_inherit bring what an app needs, and
+// an env_file another user could write is refused with what to do.
+func TestAgentSecretsStayWithTheAgent(t *testing.T) {
+	m := newMember(t) // skips unless root
+	port, rootPort := FreePort(t), FreePort(t)
+	secret := fmt.Sprintf("agent-secret-%d", time.Now().UnixNano())
+	envFile := filepath.Join(t.TempDir(), "web.env")
+	if err := os.WriteFile(envFile, []byte("# web's secrets\nDB_PASSWORD=\"from the file\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(hooksApp(port, 2, ""), "# user", fmt.Sprintf(`user = %q
+env = { MODE = "prod" }
+env_file = %q
+env_inherit = ["HTTP_PROXY"]`, m.Name, envFile), 1) + appConfig("plain", rootPort, 1, "")
+	a := NewAgentDir(t, bins, cfg)
+	a.Env = []string{"SECRET_AGENT_TOKEN=" + secret, "HTTP_PROXY=http://proxy.example:3128", "LANG=C.UTF-8"}
+	a.Start()
+
+	before := "env | sort\n" + goodBefore
+	r := cliWithin(t, a, 60*time.Second, "deploy", "web", "--artifact", hookRelease(t, "1.0.0", before, "env | sort"), "--version", "1.0.0")
+	if r.Code != 0 {
+		t.Fatalf("deploy: exit %d\n%s", r.Code, r.Stderr)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var st *api.Status
+	for st = statusWithin(t, a, 5*time.Second); !AllReady(st, "plain", 1) || !AllReady(st, "web", 2); st = statusWithin(t, a, 5*time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatalf("workers not ready within 20s: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, app := range st.Apps {
+		for _, w := range app.Workers {
+			env := environOf(t, w.PID)
+			if strings.Contains(strings.Join(env, "\n"), secret) {
+				t.Errorf("%s worker %d (pid %d) has the agent's secret in its environment:\n%s", app.Name, w.Slot, w.PID, strings.Join(env, "\n"))
+			}
+			want := []string{"LANG=C.UTF-8", "DEPLOYD_APP=" + app.Name}
+			if app.Name == "web" {
+				want = append(want, "MODE=prod", "DB_PASSWORD=from the file", "HTTP_PROXY=http://proxy.example:3128",
+					"USER="+m.Name, "LOGNAME="+m.Name, "HOME=/nonexistent")
+			} else if hasVar(env, "HTTP_PROXY=http://proxy.example:3128") {
+				t.Errorf("plain worker %d got HTTP_PROXY, which only web's env_inherit names", w.PID)
+			}
+			for _, kv := range want {
+				if !hasVar(env, kv) {
+					t.Errorf("%s worker %d (pid %d) lacks %s:\n%s", app.Name, w.Slot, w.PID, kv, strings.Join(env, "\n"))
+				}
+			}
+		}
+	}
+	// The hooks printed their whole environment into the app's log.
+	out, err := os.ReadFile(filepath.Join(a.Dir, "logs", "web.out.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), secret) {
+		t.Errorf("a hook printed the agent's secret:\n%s", out)
+	}
+	for _, want := range []string{"hook before: DB_PASSWORD=from the file", "hook before: HTTP_PROXY=http://proxy.example:3128",
+		"hook before: USER=" + m.Name, "hook after: MODE=prod", "hook after: DEPLOYD_HOOK=after"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the hooks' output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// An env_file any user could write is refused: the reload changes
+	// nothing and says what to do.
+	if err := os.Chmod(envFile, 0o606); err != nil {
+		t.Fatal(err)
+	}
+	pids := PIDs(appOf(st, "web"))
+	r = cliWithin(t, a, 30*time.Second, "reload")
+	if r.Code == 0 || !strings.Contains(r.Stderr, "apps.web.env_file") || !strings.Contains(r.Stderr, "group- or world-writable (mode 0606)") ||
+		!strings.Contains(r.Stderr, "chmod go-w "+envFile) {
+		t.Errorf("reload with a world-writable env_file: exit %d, want a refusal naming the file and the fix\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := cliWithin(t, a, 30*time.Second, "config", "check"); r.Code != 2 || !strings.Contains(r.Stderr, "group- or world-writable") {
+		t.Errorf("config check with a world-writable env_file: exit %d\n%s", r.Code, r.Stderr)
+	}
+	if got := PIDs(appOf(statusWithin(t, a, 5*time.Second), "web")); fmt.Sprint(got) != fmt.Sprint(pids) {
+		t.Errorf("the refused reload changed web's workers: %v -> %v", pids, got)
+	}
+}
