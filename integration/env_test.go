@@ -88,7 +88,8 @@ func TestAgentSecretsStayWithTheAgent(t *testing.T) {
 	cfg := strings.Replace(hooksApp(port, 2, ""), "# user", fmt.Sprintf(`user = %q
 env = { MODE = "prod" }
 env_file = %q
-env_inherit = ["HTTP_PROXY"]`, m.Name, envFile), 1) + appConfig("plain", rootPort, 1, "")
+env_inherit = ["HTTP_PROXY"]`, m.Name, envFile), 1) + appConfig("plain", rootPort, 1, "") +
+		strings.ReplaceAll(strings.ReplaceAll(hooksApp(FreePort(t), 1, ""), "apps.web", "apps.rootweb"), "# user", "")
 	a := NewAgentDir(t, bins, cfg)
 	a.Env = []string{"SECRET_AGENT_TOKEN=" + secret, "HTTP_PROXY=http://proxy.example:3128", "LANG=C.UTF-8"}
 	a.Start()
@@ -98,9 +99,14 @@ env_inherit = ["HTTP_PROXY"]`, m.Name, envFile), 1) + appConfig("plain", rootPor
 	if r.Code != 0 {
 		t.Fatalf("deploy: exit %d\n%s", r.Code, r.Stderr)
 	}
+	// The same hooks as root, in an app without a user.
+	r = cliWithin(t, a, 60*time.Second, "deploy", "rootweb", "--artifact", hookRelease(t, "1.0.0", before, "env | sort"), "--version", "1.0.0")
+	if r.Code != 0 {
+		t.Fatalf("deploy rootweb: exit %d\n%s", r.Code, r.Stderr)
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	var st *api.Status
-	for st = statusWithin(t, a, 5*time.Second); !AllReady(st, "plain", 1) || !AllReady(st, "web", 2); st = statusWithin(t, a, 5*time.Second) {
+	for st = statusWithin(t, a, 5*time.Second); !AllReady(st, "plain", 1) || !AllReady(st, "web", 2) || !AllReady(st, "rootweb", 1); st = statusWithin(t, a, 5*time.Second) {
 		if time.Now().After(deadline) {
 			t.Fatalf("workers not ready within 20s: %+v", st)
 		}
@@ -117,7 +123,7 @@ env_inherit = ["HTTP_PROXY"]`, m.Name, envFile), 1) + appConfig("plain", rootPor
 				want = append(want, "MODE=prod", "DB_PASSWORD=from the file", "HTTP_PROXY=http://proxy.example:3128",
 					"USER="+m.Name, "LOGNAME="+m.Name, "HOME=/nonexistent")
 			} else if hasVar(env, "HTTP_PROXY=http://proxy.example:3128") {
-				t.Errorf("plain worker %d got HTTP_PROXY, which only web's env_inherit names", w.PID)
+				t.Errorf("%s worker %d got HTTP_PROXY, which only web's env_inherit names", app.Name, w.PID)
 			}
 			for _, kv := range want {
 				if !hasVar(env, kv) {
@@ -126,13 +132,21 @@ env_inherit = ["HTTP_PROXY"]`, m.Name, envFile), 1) + appConfig("plain", rootPor
 			}
 		}
 	}
-	// The hooks printed their whole environment into the app's log.
+	// The hooks printed their whole environment into the apps' logs.
 	out, err := os.ReadFile(filepath.Join(a.Dir, "logs", "web.out.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(out), secret) {
-		t.Errorf("a hook printed the agent's secret:\n%s", out)
+	rootOut, err := os.ReadFile(filepath.Join(a.Dir, "logs", "rootweb.out.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), secret) || strings.Contains(string(rootOut), secret) {
+		t.Errorf("a hook printed the agent's secret:\n%s\n%s", out, rootOut)
+	}
+	if !strings.Contains(string(rootOut), "hook before: LANG=C.UTF-8") || !strings.Contains(string(rootOut), "hook after: DEPLOYD_APP=rootweb") ||
+		strings.Contains(string(rootOut), "HTTP_PROXY") {
+		t.Errorf("root's hooks' environment:\n%s", rootOut)
 	}
 	for _, want := range []string{"hook before: DB_PASSWORD=from the file", "hook before: HTTP_PROXY=http://proxy.example:3128",
 		"hook before: USER=" + m.Name, "hook after: MODE=prod", "hook after: DEPLOYD_HOOK=after"} {
