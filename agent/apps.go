@@ -228,7 +228,7 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 	}
 	spec := &workers.Spec{
 		Release: release, Generation: gen, Argv: argv, Dir: dir,
-		Env: append(handoff.WorkerEnv(os.Environ()), app.Env...), Credential: cred, Instances: instances,
+		Env: appEnv(app), Credential: cred, Instances: instances,
 		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, MinReady: app.MinReady,
 		StopSignal:  app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,

@@ -131,6 +131,10 @@ func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
 	want := map[string]workers.CanaryOutcome{"promote": workers.CanaryPromoted, "abort": workers.CanaryAborted}[verb]
 	s := rt.sup.Status()
 	if s.Canary == nil && (s.LastCanary == nil || s.LastCanary.Outcome != want) {
+		if msg, starting := canaryStarting(rt.name, s); starting {
+			writeError(w, api.KindBusy.HTTPStatus(), msg)
+			return
+		}
 		writeError(w, api.KindNoCanary.HTTPStatus(), noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
 		return
 	}
@@ -197,6 +201,36 @@ func holdMessage(app string, he *workers.HoldError) string {
 		"run `deployd promote %s` to roll %s out to every worker, or `deployd abort %s` to put %s back on %s",
 		app, he.Release, slotList(he.Slots), he.Previous, he.Since.Format(time.TimeOnly),
 		app, he.Release, app, slotList(he.Slots), he.Previous)
+}
+
+// canaryOpPrefix starts the name of the operation that starts a canary's
+// workers (workers.Supervisor.ReloadCanary), in AppStatus.Busy.
+const canaryOpPrefix = "canary of release "
+
+// canaryStarting words a promote or abort of app while its canary still
+// starts (a reload or deploy --canary whose workers are not ready yet):
+// there is no hold to end yet. False when no canary starts.
+func canaryStarting(app string, s workers.AppStatus) (string, bool) {
+	if s.Busy == nil || !strings.HasPrefix(s.Busy.Op, canaryOpPrefix) {
+		return "", false
+	}
+	release := strings.TrimPrefix(s.Busy.Op, canaryOpPrefix)
+	ready := map[int]bool{}
+	slots := map[int]bool{}
+	for _, w := range s.Workers {
+		slots[w.Slot] = true
+		if w.Release == release && w.State == workers.Ready {
+			ready[w.Slot] = true
+		}
+	}
+	// The canaries are the first slots, started in order: the first one
+	// not ready on the new release is the one the hold waits for.
+	slot := 0
+	for ready[slot] && slots[slot] {
+		slot++
+	}
+	return fmt.Sprintf("%s: canary starting (slot %d not ready yet) of release %s; wait until it holds "+
+		"(`deployd status %s`), then run `deployd promote %s` or `deployd abort %s`", app, slot, release, app, app, app), true
 }
 
 // noCanaryMessage words a promote or abort of app without a hold.

@@ -2,28 +2,23 @@ package agent
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
-	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers"
 	"github.com/deployd/deployd/workers/logs"
 )
 
 const (
 	// hookKillGrace is how long a hook that timed out has between SIGTERM
-	// and SIGKILL (to its whole process group).
+	// and SIGKILL (to every process of its unit).
 	hookKillGrace = 5 * time.Second
 	// hookTailLines is how many of a hook's last output lines the result keeps.
 	hookTailLines = 20
@@ -90,68 +85,6 @@ func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, st *stream) api.
 	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
 		Release: h.version, Millis: time.Since(t).Milliseconds(), Message: msg}})
 	return res
-}
-
-// execHook runs h and waits for it, at most its timeout (then SIGTERM, and
-// SIGKILL after hookKillGrace, to its process group). It fills res's exit
-// status and last lines; the error says why it failed.
-func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookResult) error {
-	cred, err := credential(app)
-	if err != nil {
-		res.ExitStatus = "not started"
-		return fmt.Errorf("could not start: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), h.timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, h.argv[0], h.argv[1:]...)
-	cmd.Dir = h.dir
-	cmd.Env = append(append(handoff.WorkerEnv(os.Environ()), app.Env...),
-		"DEPLOYD_APP="+app.Name, "DEPLOYD_RELEASE="+h.version, "DEPLOYD_PREVIOUS_RELEASE="+h.previous,
-		"DEPLOYD_RELEASE_DIR="+h.dir, "DEPLOYD_HOOK="+h.name, "DEPLOYD_OPERATION="+h.op)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
-	killer := time.AfterFunc(time.Hour, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	killer.Stop()
-	defer killer.Stop()
-	cmd.Cancel = func() error {
-		killer.Reset(hookKillGrace)
-		return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-	}
-	// Output pipes close at the latest this long after the hook exits (a
-	// child it left running may hold them) or its time is up.
-	cmd.WaitDelay = hookKillGrace + time.Second
-	tail, pid := logs.NewTail(hookTailLines), &hookPID{}
-	out := &hookLines{sink: rt.out, app: app.Name, stream: "out", prefix: "hook " + h.name + ": ", tail: tail, pid: pid}
-	errw := &hookLines{sink: rt.err, app: app.Name, stream: "err", prefix: out.prefix, tail: tail, pid: pid}
-	cmd.Stdout, cmd.Stderr = out, errw
-	pid.mu.Lock() // lines wait for the pid
-	err = cmd.Start()
-	if err == nil {
-		pid.pid = cmd.Process.Pid
-	}
-	pid.mu.Unlock()
-	if err != nil {
-		res.ExitStatus = "not started"
-		return fmt.Errorf("could not start: %w", err)
-	}
-	err = cmd.Wait()
-	killer.Stop()
-	out.flush()
-	errw.flush()
-	res.LastLines = tail.Lines()
-	var ee *exec.ExitError
-	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		res.ExitStatus = fmt.Sprintf("timed out after %s", h.timeout)
-		return fmt.Errorf("timed out after %s (%s_timeout) and was stopped", h.timeout, h.name)
-	case errors.As(err, &ee):
-		res.ExitStatus = ee.ProcessState.String()
-		return fmt.Errorf("failed: %s", res.ExitStatus)
-	case err != nil: // exec.ErrWaitDelay: it exited 0, but a child held its output open
-		res.ExitStatus = "exit status 0"
-		return fmt.Errorf("left a process holding its output open: %w", err)
-	}
-	res.ExitStatus = "exit status 0"
-	return nil
 }
 
 // hookPID is a hook's pid, set (under mu) once it started.

@@ -108,12 +108,13 @@ func (w *opWriter) step(e *api.Event) {
 	w.log.Debug("operation step", kv...)
 }
 
-// result logs how the operation ended for each app: info when done, warn
-// otherwise (abandoned, failed, refused because busy...).
+// result logs how the operation ended for each app: info when it did what
+// was asked (succeeded), warn otherwise (abandoned, failed, refused because
+// busy...).
 func (w *opWriter) result(l api.StreamLine) {
 	if l.Result != nil {
 		for _, r := range l.Result.Apps {
-			w.ended(r.Outcome == api.OutcomeDone, "app", r.App, "outcome", r.Outcome, "release", r.Release,
+			w.ended(succeeded(r.Outcome), "app", r.App, "outcome", r.Outcome, "release", r.Release,
 				"duration", secs(r.DurationSeconds), "error", r.Error, "exit_status", r.ExitStatus)
 		}
 	}

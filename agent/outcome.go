@@ -102,6 +102,17 @@ func appResult(app string, err error) api.AppResult {
 	return res
 }
 
+// succeeded reports whether an app's outcome is what its operation asked
+// for: done, a canary held, a canary promoted or aborted (a promote or an
+// abort that ended a hold). The operation log words it.
+func succeeded(outcome string) bool {
+	switch outcome {
+	case api.OutcomeDone, api.OutcomeHeld, api.OutcomePromoted, api.OutcomeAborted:
+		return true
+	}
+	return false
+}
+
 func busyMessage(app string) string {
 	return fmt.Sprintf("%s: another reload, restart or deploy of this app is running; wait for it to finish, then try again", app)
 }

@@ -73,3 +73,31 @@ func TestCanaryMessages(t *testing.T) {
 		t.Errorf("bad canary: %s", got)
 	}
 }
+
+// While a canary's workers still start there is no hold to end: promote
+// and abort say so, naming the slot the hold waits for.
+func TestCanaryStartingMessage(t *testing.T) {
+	s := workers.AppStatus{Busy: &workers.BusyError{App: "web", Op: canaryOpPrefix + "2.0.0"}, Workers: []workers.WorkerStatus{
+		{Slot: 0, State: workers.Ready, Release: "2.0.0"}, {Slot: 1, State: workers.Ready, Release: "1.0.0"},
+		{Slot: 1, State: workers.Starting, Release: "2.0.0"}, {Slot: 2, State: workers.Ready, Release: "1.0.0"},
+	}}
+	msg, ok := canaryStarting("web", s)
+	if !ok || !strings.HasPrefix(msg, "web: canary starting (slot 1 not ready yet) of release 2.0.0; wait until it holds") {
+		t.Errorf("canaryStarting = %q, %v", msg, ok)
+	}
+	s.Workers = s.Workers[1:2] // slot 0's new worker not started yet
+	if msg, _ := canaryStarting("web", s); !strings.Contains(msg, "(slot 0 not ready yet)") {
+		t.Errorf("canaryStarting before slot 0 started = %q", msg)
+	}
+	for _, busy := range []*workers.BusyError{nil, {App: "web", Op: "reload to release 2.0.0"}} {
+		if msg, ok := canaryStarting("web", workers.AppStatus{Busy: busy}); ok {
+			t.Errorf("canaryStarting without a canary starting (%v) = %q", busy, msg)
+		}
+	}
+	for outcome, want := range map[string]bool{api.OutcomeDone: true, api.OutcomeHeld: true, api.OutcomePromoted: true,
+		api.OutcomeAborted: true, api.OutcomeAbandoned: false, api.OutcomeFailed: false, api.OutcomeRefused: false} {
+		if succeeded(outcome) != want {
+			t.Errorf("succeeded(%q) = %v, want %v", outcome, !want, want)
+		}
+	}
+}

@@ -303,11 +303,40 @@ func TestWithoutContractVars(t *testing.T) {
 	if got := without(in, startVar); !slices.Equal(got, want) {
 		t.Errorf("without(startVar) = %q, want %q", got, want)
 	}
-	in = append(in, "NOTIFY_SOCKET=/run/n", "WATCHDOG_USEC=1", "DEPLOYD_APP=web", "NODE_CHANNEL_FD=4", "LISTEN_X=1")
-	if got, want := WorkerEnv(in), []string{"A=1", "B=LISTEN_FDS=2"}; !slices.Equal(got, want) {
-		t.Errorf("WorkerEnv = %q, want %q", got, want)
-	}
 	if ShimArg != "__deployd-exec" {
 		t.Errorf("ShimArg changed to %q: old agents exec new binaries with it", ShimArg)
+	}
+}
+
+// A worker's or hook's environment holds nothing of the agent's but the
+// documented variables and those env_inherit names (never the agent's
+// own), with the app's user's HOME/USER/LOGNAME and the app's env on top,
+// each name once.
+func TestCleanEnv(t *testing.T) {
+	agent := []string{"PATH=/agent/bin", "HOME=/root", "USER=root", "LOGNAME=root", "SHELL=/bin/sh",
+		"LANG=C.UTF-8", "LC_TIME=de_DE", "TZ=UTC", "CREDENTIALS_DIRECTORY=/run/credentials/deployd.service",
+		"SECRET_AGENT_TOKEN=s3cret", "HTTP_PROXY=http://proxy", "NOTIFY_SOCKET=/run/n", "LISTEN_FDS=3",
+		"DEPLOYD_SOCKET=/run/d.sock", "WATCHDOG_USEC=1", "TABLEFLIP_HAS_PARENT_7DIU3=1", "NODE_OPTIONS=--inspect"}
+	for _, tc := range []struct {
+		name         string
+		acct         *Account
+		inherit, app []string
+		want         []string
+	}{
+		{"agent's user", nil, nil, nil, []string{"PATH=/agent/bin", "HOME=/root", "USER=root", "LOGNAME=root",
+			"SHELL=/bin/sh", "LANG=C.UTF-8", "LC_TIME=de_DE", "TZ=UTC", "CREDENTIALS_DIRECTORY=/run/credentials/deployd.service"}},
+		{"app's user, inherit, env", &Account{Name: "web", Home: "/srv/web"},
+			[]string{"HTTP_PROXY", "NOTIFY_SOCKET", "DEPLOYD_SOCKET", "WATCHDOG_USEC", "MISSING"},
+			[]string{"TZ=Europe/Paris", "MODE=prod", "PATH=/app/bin"},
+			[]string{"PATH=/app/bin", "LANG=C.UTF-8", "LC_TIME=de_DE", "TZ=Europe/Paris",
+				"CREDENTIALS_DIRECTORY=/run/credentials/deployd.service", "HOME=/srv/web", "USER=web", "LOGNAME=web",
+				"HTTP_PROXY=http://proxy", "MODE=prod"}},
+	} {
+		if got := CleanEnv(agent, tc.acct, tc.inherit, tc.app); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: CleanEnv =\n%q\nwant\n%q", tc.name, got, tc.want)
+		}
+	}
+	if got := CleanEnv([]string{"SECRET=1"}, nil, nil, nil); !slices.Equal(got, []string{"PATH=" + DefaultPath}) {
+		t.Errorf("CleanEnv of an agent without PATH = %q, want the default PATH alone", got)
 	}
 }

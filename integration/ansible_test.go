@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -25,6 +27,9 @@ type fleetHost struct {
 	name  string
 	agent *Agent
 	port  int
+	// configGID is the group the role gives the config: the socket_group's
+	// (host2 has one where the group "daemon" exists), else root's.
+	configGID int
 }
 
 // fleet runs ansible-playbook with deploy/ansible's playbooks against hosts.
@@ -65,10 +70,15 @@ func newFleet(t *testing.T, n int) *fleet {
 			t.Fatal(err)
 		}
 		f.hosts = append(f.hosts, h)
+		socketGroup := ""
+		if g, err := user.LookupGroup("daemon"); err == nil && i == 2 {
+			socketGroup = g.Name
+			h.configGID, _ = strconv.Atoi(g.Gid)
+		}
 		hosts[h.name] = map[string]any{
 			"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
 			"deployd_binary_path": a.Binary, "deployd_config_path": a.Config,
-			"deployd_socket": a.Socket, "deployd_state_dir": filepath.Join(a.Dir, "state"),
+			"deployd_socket": a.Socket, "deployd_socket_group": socketGroup, "deployd_state_dir": filepath.Join(a.Dir, "state"),
 			"deployd_log_dir": filepath.Join(a.Dir, "logs"), "deployd_unit_dir": filepath.Join(a.Dir, "units"),
 			"deployd_release_dir": filepath.Join(a.Dir, "artifacts"), "deployd_manage_service": false,
 			"deployd_apps": map[string]any{"web": map[string]any{
@@ -183,6 +193,20 @@ func (f *fleet) requireFleet(what string, want ...string) {
 	}
 }
 
+// requireOwned checks path's owner, group and permission bits.
+func requireOwned(t *testing.T, what, path string, uid, gid int, perm os.FileMode) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+		return
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if int(st.Uid) != uid || int(st.Gid) != gid || fi.Mode().Perm() != perm {
+		t.Errorf("%s %s: owner %d:%d mode %04o, want %d:%d %04o", what, path, st.Uid, st.Gid, fi.Mode().Perm(), uid, gid, perm)
+	}
+}
+
 // requireChanged checks each host's changed count in a play's recap.
 func (f *fleet) requireChanged(what string, changed map[string]int, want func(host string, n int) bool, out string) {
 	f.t.Helper()
@@ -224,12 +248,31 @@ func TestAnsibleFleet(t *testing.T) {
 		if want, _ := os.ReadFile(filepath.Join(ref, "deployd.service")); string(want) != string(unit) {
 			t.Errorf("%s: the role's unit differs from what `deployd startup systemd` writes:\n%s\nwant:\n%s", h.name, unit, want)
 		}
+		// The config holds the apps' env: root's, readable by the
+		// socket_group alone; its folder root's.
+		requireOwned(t, h.name+": config", h.agent.Config, 0, h.configGID, 0o640)
+		requireOwned(t, h.name+": config folder", filepath.Dir(h.agent.Config), 0, 0, 0o755)
+		requireOwned(t, h.name+": unit", filepath.Join(h.agent.Dir, "units", "deployd.service"), 0, 0, 0o644)
+		requireOwned(t, h.name+": binary", h.agent.Binary, 0, 0, 0o755)
 		h.agent.Start()
 		if r := h.agent.CLI("deploy", "web", "--artifact", artifactDir(t, "1.0.0", false), "--version", "1.0.0"); r.Code != 0 {
 			t.Fatalf("%s: deploy 1.0.0: exit %d\n%s", h.name, r.Code, r.Stderr)
 		}
 	}
 	os.Remove(f.order)
+
+	// A local user made host1's artifacts folder first, open to all: the
+	// role makes it root's alone.
+	squat := filepath.Join(f.hosts[0].agent.Dir, "artifacts")
+	if err := os.Mkdir(squat, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(squat, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(squat, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
 
 	// A good release reaches every host, one at a time.
 	art2, sum2 := fleetTarball(t, "2.0.0", false)
@@ -240,6 +283,11 @@ func TestAnsibleFleet(t *testing.T) {
 	}
 	f.requireChanged("deploy 2.0.0", changed, func(_ string, n int) bool { return n >= 1 }, out)
 	f.requireFleet("after deploy 2.0.0", "2.0.0", "2.0.0", "2.0.0")
+	for _, h := range f.hosts {
+		dir := filepath.Join(h.agent.Dir, "artifacts")
+		requireOwned(t, h.name+": artifacts folder", dir, 0, 0, 0o700)
+		requireOwned(t, h.name+": shipped artifact", filepath.Join(dir, filepath.Base(art2)), 0, 0, 0o644)
+	}
 	order, _ := os.ReadFile(f.order)
 	want := "start host1 2.0.0\nend host1 2.0.0\nstart host2 2.0.0\nend host2 2.0.0\nstart host3 2.0.0\nend host3 2.0.0\n"
 	if string(order) != want {

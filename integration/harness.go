@@ -139,6 +139,8 @@ type Agent struct {
 	// that misses it dumps the agent's goroutines into its log (SIGQUIT) and
 	// fails the test, so that a deadlock is reported, not waited out.
 	CallTimeout time.Duration
+	// Env is added to the agent's environment (set before Start).
+	Env []string
 }
 
 // StatusTimeout bounds one status call of the harness.
@@ -283,7 +285,7 @@ func (a *Agent) Start() {
 	a.cmd = exec.Command(a.Binary, "agent", "-c", a.Config, "--log-level", "debug")
 	a.cmd.Dir = a.Dir
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	a.cmd.Env = CleanEnv("GORACE=atexit_sleep_ms=0")
+	a.cmd.Env = CleanEnv(append([]string{"GORACE=atexit_sleep_ms=0"}, a.Env...)...)
 	// The agent dies with the test process; its workers die with it.
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -318,5 +319,55 @@ func TestPromotedCanaryAfterHookIsWaitedFor(t *testing.T) {
 		if log := a.Log(); !regexp.MustCompile(`hook done.* hook=after version=` + regexp.QuoteMeta(ver)).MatchString(log) {
 			t.Errorf("%s: the agent log has no end of the after hook of %s:\n%s", step, ver, log)
 		}
+	}
+}
+
+// A before hook that starts a daemon (setsid, so it leaves the hook's
+// session) is refused at once, with or without the daemon's stdio: the
+// refusal names the process, and the daemon is gone when the deploy
+// returns. Nothing changed: the previous release serves.
+func TestHookDaemonIsKilledAndNamed(t *testing.T) {
+	port := FreePort(t)
+	a := StartAgent(t, bins, hooksApp(port, 1, ""))
+	if r := a.CLIWithin(60*time.Second, "deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, "true"), "--version", "1.0.0"); r.Code != 0 {
+		t.Fatalf("deploy 1.0.0: exit %d\n%s", r.Code, r.Stderr)
+	}
+	for i, daemon := range []string{
+		"setsid sleep 1000 &",                            // keeps the hook's stdout and stderr
+		"setsid sleep 1001 </dev/null >/dev/null 2>&1 &", // closed stdio: nothing holds the hook up
+	} {
+		ver := fmt.Sprintf("2.0.%d", i)
+		pidFile := filepath.Join(t.TempDir(), "daemon.pid")
+		before := goodBefore + "\n" + daemon + "\necho $! > " + pidFile + "\necho started the daemon"
+		t0 := time.Now()
+		r := a.CLIWithin(60*time.Second, "deploy", "web", "--artifact", hookRelease(t, ver, before, "true"), "--version", ver, "--json")
+		took := time.Since(t0)
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			t.Fatalf("%s: the hook wrote no pid: %v\n%s%s", daemon, err, r.Stdout, r.Stderr)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		res := lastResult(t, r)
+		// The name is read when the hook ends: setsid may not have exec'd sleep yet.
+		name := regexp.MustCompile(fmt.Sprintf(`pid %d \((setsid )?sleep %d\)`, pid, 1000+i))
+		if r.Code == 0 || res.Status != api.DeployRefused || !name.MatchString(res.Error) ||
+			!strings.Contains(res.Error, "a hook must not leave processes behind") || !strings.Contains(res.Error, "1.0.0 keeps serving") {
+			t.Errorf("%s: exit %d, result %+v\nwant refused, naming %s", daemon, r.Code, res, name)
+		}
+		if Alive(pid) {
+			t.Errorf("%s: the daemon (pid %d) still runs after the deploy returned", daemon, pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if took > 5*time.Second {
+			t.Errorf("%s: the refusal took %s (the hook itself takes a moment)", daemon, took.Round(time.Millisecond))
+		}
+		if len(res.LastLines) == 0 || res.LastLines[len(res.LastLines)-1] != "hook before: started the daemon" {
+			t.Errorf("%s: the hook's output was cut: %q", daemon, res.LastLines)
+		}
+		t.Logf("%s: refused in %s: %s", daemon, took.Round(time.Millisecond), res.Error)
+	}
+	requireServing(t, a, port, "1.0.0", fmt.Sprintf("1.0.0-built-%d", os.Getuid()))
+	if log := a.Log(); !strings.Contains(log, "hook left a process running; killed") {
+		t.Errorf("the agent log does not say what it killed:\n%s", log)
 	}
 }

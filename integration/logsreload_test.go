@@ -28,7 +28,7 @@ stop_timeout = "10s"
 	a := StartAgent(t, bins, app(""))
 	waitStatus(t, a, "web ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
 	a.WriteConfig(app("[apps.web.logs]\nformat = \"json\"\n"))
-	r := cliWithin(t, a, nil, 60*time.Second, "reload", "web")
+	r := cliAsBounded(t, a, nil, 60*time.Second, "reload", "web")
 	if r.Code != 0 {
 		t.Fatalf("reload: exit %d\n%s", r.Code, r.Stderr)
 	}

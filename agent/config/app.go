@@ -17,6 +17,8 @@ type rawApp struct {
 	Command      toml.Primitive `toml:"command"`
 	Cwd          toml.Primitive `toml:"cwd"`
 	Env          toml.Primitive `toml:"env"`
+	EnvFile      toml.Primitive `toml:"env_file"`
+	EnvInherit   toml.Primitive `toml:"env_inherit"`
 	Instances    toml.Primitive `toml:"instances"`
 	Listen       toml.Primitive `toml:"listen"`
 	Ready        toml.Primitive `toml:"ready"`
@@ -126,6 +128,8 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.cwd(raw.Cwd, k("cwd"), a)
 	d.environ(raw.Env, k("env"), a)
 	d.environments(p, raw.Environment, key, a)
+	d.envFile(raw.EnvFile, k("env_file"), a)
+	d.envInherit(raw.EnvInherit, k("env_inherit"), a)
 	d.instances(raw.Instances, k("instances"), a)
 	d.listens(raw.Listen, k("listen"), a)
 	if s, ok := get[string](d, raw.Ready, k("ready")); ok {

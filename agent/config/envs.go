@@ -21,8 +21,12 @@ const envTablePrefix = "env_"
 var envNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
 
 // isEnvTableKey reports whether key (of an app table) names an
-// environment's table, env_NAME.
+// environment's table, env_NAME; env_file and env_inherit are keys of
+// their own, so "file" and "inherit" cannot name an environment.
 func isEnvTableKey(key string) bool {
+	if key == "env_file" || key == "env_inherit" {
+		return false
+	}
 	name, ok := strings.CutPrefix(key, envTablePrefix)
 	return ok && envNameRE.MatchString(name)
 }

@@ -108,14 +108,22 @@ type App struct {
 	Name    string
 	Command []string // argv; Command[0] resolved: absolute path, or a path relative to the release dir when Releases
 	Cwd     string   // absolute; default the config file's folder
-	// Env is added to the agent's environment, sorted "K=V" entries: the
-	// env table's, with those of the selected environment's table over them.
+	// Env is the app's own variables, sorted "K=V" entries: those of `env`,
+	// with those of the selected environment's table (env_NAME) over them,
+	// and of the env_file. Workers and hooks get them on top of a clean
+	// environment (the agent's PATH, locale, ...; the app user's HOME and
+	// USER), never the agent's whole environment.
 	Env []string
 	// Environment is the selected environment (`environment = "NAME"`,
 	// whose variables are the [apps.APP.env_NAME] table's), "" for none;
 	// Environments lists the env_NAME tables the app has, sorted.
 	Environment  string
 	Environments []string
+	// EnvFile is the env_file read into Env ("" = none): kept to name it.
+	EnvFile string
+	// EnvInherit names the agent's own variables that pass to the workers
+	// and hooks as they are, sorted.
+	EnvInherit []string
 	// Instances is the resolved worker count (>= 1); InstancesSpec the raw
 	// value ("max", "4", "-1").
 	Instances     int

@@ -1,0 +1,170 @@
+package procunit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// sweep lists the live processes of a unit without a cgroup: in its
+// process group, or with its marker in their environment (read from
+// /proc/PID/environ: root reads every process's). The caller itself never
+// counts.
+func (u *Unit) sweep() []int {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	marker := []byte(MarkerVar + "=" + u.id)
+	self := os.Getpid()
+	var pids []int
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil || pid == self {
+			continue
+		}
+		if u.member(pid, marker) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// member reports whether live process pid belongs to the unit.
+func (u *Unit) member(pid int, marker []byte) bool {
+	stat, err := readBounded("/proc/"+strconv.Itoa(pid)+"/stat", 4096)
+	if err != nil {
+		return false
+	}
+	// PID (COMM) STATE PPID PGRP ...: the name may hold spaces and ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return false
+	}
+	f := bytes.Fields(stat[i+1:])
+	if len(f) < 3 || string(f[0]) == "Z" || string(f[0]) == "X" {
+		return false
+	}
+	if pgrp, _ := strconv.Atoi(string(f[2])); pgrp == u.pgid {
+		return true
+	}
+	// Field 22, the start time: a process older than the unit's command
+	// is not one of its own (and its environment need not be read).
+	if len(f) > 19 {
+		if start, err := strconv.ParseUint(string(f[19]), 10, 64); err == nil && start < u.since {
+			return false
+		}
+	}
+	env, err := readBounded("/proc/"+strconv.Itoa(pid)+"/environ", 1<<20)
+	if err != nil {
+		return false
+	}
+	for _, kv := range bytes.Split(env, []byte{0}) {
+		if bytes.Equal(kv, marker) {
+			return true
+		}
+	}
+	return false
+}
+
+// killSweep SIGKILLs the unit's processes through pidfds (checked again
+// once open, so that a reused pid is never hit), sweeping again until a
+// sweep finds none: a process forked during one sweep is found by the
+// next. It waits for each to exit, at most until ctx ends.
+func (u *Unit) killSweep(ctx context.Context) error {
+	marker := []byte(MarkerVar + "=" + u.id)
+	for {
+		pids := u.sweep()
+		if len(pids) == 0 {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("procunit: processes still alive: %v", pids)
+		}
+		var fds []int
+		for _, pid := range pids {
+			fd, err := unix.PidfdOpen(pid, 0)
+			if errors.Is(err, unix.ENOSYS) {
+				_ = syscall.Kill(pid, syscall.SIGKILL) // Linux < 5.3
+				continue
+			}
+			if err != nil {
+				continue // gone
+			}
+			if u.member(pid, marker) {
+				_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+				fds = append(fds, fd)
+			} else {
+				unix.Close(fd)
+			}
+		}
+		waitExits(ctx, fds)
+	}
+}
+
+// waitExits waits until every pidfd polls readable (its process exited),
+// at most until ctx ends or a second passed, and closes them.
+func waitExits(ctx context.Context, fds []int) {
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	deadline := time.Now().Add(time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	pending := make([]unix.PollFd, 0, len(fds))
+	for _, fd := range fds {
+		pending = append(pending, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
+	for len(pending) > 0 {
+		ms := int(time.Until(deadline).Milliseconds())
+		if ms <= 0 {
+			return
+		}
+		n, err := unix.Poll(pending, ms)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return
+		}
+		if n <= 0 {
+			continue
+		}
+		left := pending[:0]
+		for _, p := range pending {
+			if p.Revents == 0 {
+				p.Revents = 0
+				left = append(left, p)
+			}
+		}
+		pending = left
+	}
+}
+
+// startTime is field 22 of /proc/PID/stat (clock ticks after boot), 0
+// when it cannot be read.
+func startTime(pid int) uint64 {
+	stat, err := readBounded("/proc/"+strconv.Itoa(pid)+"/stat", 4096)
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	f := bytes.Fields(stat[i+1:])
+	if len(f) <= 19 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(string(f[19]), 10, 64)
+	return n
+}

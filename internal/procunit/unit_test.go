@@ -1,0 +1,154 @@
+package procunit
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// helperEnv makes the test binary a helper process (os/exec's pattern).
+const helperEnv = "PROCUNIT_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(helperEnv) {
+	case "daemon":
+		// Start a sleeper in a session of its own that keeps stdout, tell
+		// its pid, and exit: a daemon left behind.
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), helperEnv+"=sleeper")
+		cmd.Stdout = os.Stdout
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		fmt.Println(cmd.Process.Pid)
+		os.Exit(0)
+	case "sleeper":
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	case "clean":
+		fmt.Println("done")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// gone reports whether pid has exited (no /proc entry, or a zombie).
+func gone(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+}
+
+func modes(t *testing.T) []bool {
+	if os.Geteuid() != 0 || ownCgroupDir() == "" {
+		t.Logf("no cgroup v2 to make a folder in: the sweep alone")
+		return []bool{true}
+	}
+	return []bool{false, true}
+}
+
+// A daemon that left the command's session and kept its stdout is listed
+// when the command ends, and killed: the output pipe closes.
+func TestDaemonLeftBehindIsKilled(t *testing.T) {
+	for _, sweep := range modes(t) {
+		t.Run(fmt.Sprintf("sweep=%v", sweep), func(t *testing.T) {
+			noCgroup = sweep
+			defer func() { noCgroup = false }()
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			cmd, u, err := Start("test", func() *exec.Cmd {
+				c := exec.Command(os.Args[0])
+				c.Env = append(os.Environ(), helperEnv+"=daemon")
+				c.Stdout = w
+				return c
+			})
+			w.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]Mode{true: ModeSweep, false: ModeCgroup}[sweep]; u.Mode() != want {
+				t.Fatalf("mode %q, want %q", u.Mode(), want)
+			}
+			br := bufio.NewReader(r)
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("daemon's pid: %v", err)
+			}
+			daemon, _ := strconv.Atoi(strings.TrimSpace(line))
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("helper: %v", err)
+			}
+			if gone(daemon) {
+				t.Fatalf("the daemon %d is not running", daemon)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			left, err := u.End(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(left) != 1 || left[0].PID != daemon || !strings.Contains(left[0].String(), fmt.Sprintf("pid %d (", daemon)) {
+				t.Errorf("left %v, want the daemon %d", left, daemon)
+			}
+			if !gone(daemon) {
+				t.Errorf("the daemon %d still runs after End", daemon)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := io.ReadAll(br); done <- err }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("read the output to its end: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the output pipe is still open 10s after End")
+			}
+			if u.cg != nil {
+				if _, err := os.Stat(u.cg.dir); !os.IsNotExist(err) {
+					t.Errorf("cgroup %s not removed: %v", u.cg.dir, err)
+				}
+			}
+		})
+	}
+}
+
+// A command that leaves nothing behind ends with nothing left.
+func TestCleanCommandLeavesNothing(t *testing.T) {
+	for _, sweep := range modes(t) {
+		noCgroup = sweep
+		cmd, u, err := Start("test", func() *exec.Cmd {
+			c := exec.Command(os.Args[0])
+			c.Env = append(os.Environ(), helperEnv+"=clean")
+			return c
+		})
+		noCgroup = false
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		left, err := u.End(ctx)
+		cancel()
+		if err != nil || len(left) != 0 {
+			t.Errorf("sweep=%v: left %v, %v; want nothing", sweep, left, err)
+		}
+	}
+}
