@@ -28,7 +28,8 @@
 //   configured listener is served (only with ready = "notify"), STATUS=...;
 // - drains every server on an inherited listener on the stop signal: stop
 //   accepting (close the listening handle only), answer every later HTTP/1
-//   request with "Connection: close", send HTTP/2 sessions a GOAWAY, end
+//   request with "Connection: close", send an HTTP/2 session its GOAWAY at
+//   the next stream it opens (before that stream's response), end
 //   long-lived responses (server-sent events, WebSockets with a 1001 close
 //   frame) after a short grace so that their clients reconnect to a new
 //   worker, and exit when the last connection is gone or near stop_timeout.
@@ -421,7 +422,7 @@ function run(cfg) {
 
   function track(server, l) {
     if (server[kState]) return;
-    var st = { conns: new Map(), sessions: new Set(), streams: new Set(), draining: false, closed: false,
+    var st = { conns: new Map(), pending: new Set(), sessions: new Set(), streams: new Set(), draining: false, closed: false,
       kind: kindOf(server) };
     server[kState] = st;
     mapped.push(server);
@@ -433,8 +434,21 @@ function run(cfg) {
         FRESH_GRACE_MS / 1000 + ' s; end them yourself on ' + stopSignal +
         ' (process.on(\'' + stopSignal + '\', ...)), or serve HTTP with http, https or http2\n');
     }
-    var event = tlsServer(server) ? 'secureConnection' : 'connection';
-    server.on(event, function (sock) {
+    var tls = tlsServer(server);
+    if (tls) {
+      // A connection still in its TLS handshake is not in conns yet: the
+      // drain waits for it too (a handshake is slow on a busy machine).
+      server.on('connection', function (raw) {
+        st.pending.add(raw);
+        raw.once('close', function () { settled(raw); });
+      });
+      server.on('tlsClientError', function (err, tsock) { if (tsock) settled(tsock._parentWrap); });
+    }
+    function settled(raw) {
+      if (st.pending.delete(raw)) checkDone();
+    }
+    server.on(tls ? 'secureConnection' : 'connection', function (sock) {
+      if (tls) st.pending.delete(sock._parentWrap);
       var c = { inflight: 0, served: 0, idleSince: Date.now(), timer: null, res: null, ws: false, checking: false };
       st.conns.set(sock, c);
       sock.once('close', function () {
@@ -567,15 +581,28 @@ function run(cfg) {
     });
   }
 
-  // goaway tells an HTTP/2 client to open no new stream on session (a GOAWAY
-  // naming the highest stream id: the streams in flight are still served),
-  // then, after the idle grace and a quiet turn, closes it with the final
-  // GOAWAY; the session ends once its streams are done.
+  // goaway closes an HTTP/2 session the way "Connection: close" on the next
+  // response closes an HTTP/1 connection: at the next stream the client
+  // opens, before its response, the session sends its final GOAWAY (the
+  // streams read so far are served, the client opens the next one on a new
+  // connection). node has no shutdown notice: after any GOAWAY it ignores
+  // new streams, so one sent at an arbitrary moment would make a client
+  // retry the streams on their way. A session that opens no stream is
+  // closed after the idle grace, once a loop turn read no byte from it.
+  var kGoaway = Symbol('deployd.goaway');
   function goaway(session) {
-    if (session.closed || session.destroyed) return;
-    try { session.goaway(0, 2147483647); } catch (e) { /* destroyed meanwhile */ }
+    if (session.closed || session.destroyed || session[kGoaway]) return;
+    session[kGoaway] = true;
+    var t = null;
+    function close() {
+      clearTimeout(t);
+      session.removeListener('stream', close);
+      if (!session.closed && !session.destroyed) session.close();
+    }
+    session.prependListener('stream', close);
+    session.once('close', function () { clearTimeout(t); });
     var seen = -1;
-    var t = setTimeout(function check() {
+    t = setTimeout(function check() {
       if (session.closed || session.destroyed) return;
       var now = 0;
       try { now = session.socket.bytesRead; } catch (e) { now = 0; }
@@ -584,14 +611,13 @@ function run(cfg) {
         t = setTimeout(check, QUIET_TURN_MS);
         return;
       }
-      session.close();
+      close();
     }, IDLE_GRACE_MS);
-    session.once('close', function () { clearTimeout(t); });
   }
 
   // endStreams ends what would keep a connection open for long: event
-  // streams (their clients reconnect), WebSockets (close frame 1001, going
-  // away), HTTP/2 sessions (closed).
+  // streams (their clients reconnect), over HTTP/2 too, and WebSockets
+  // (close frame 1001, going away).
   function endStreams(server) {
     var st = server[kState];
     st.conns.forEach(function (c, sock) {
@@ -601,7 +627,6 @@ function run(cfg) {
     st.streams.forEach(function (res) {
       if (!res.writableEnded && eventStream(res)) res.end();
     });
-    st.sessions.forEach(function (s) { if (!s.closed && !s.destroyed) s.close(); });
   }
 
   // eventStream tells a response of content-type text/event-stream (set
@@ -665,14 +690,14 @@ function run(cfg) {
     stopping = true;
     appOwnsExit = process.listenerCount(stopSignal) > 1;
     var n = 0;
-    mapped.forEach(function (s) { n += s[kState].conns.size; });
+    mapped.forEach(function (s) { n += s[kState].conns.size + s[kState].pending.size; });
     process.stderr.write('deployd: ' + stopSignal + ': draining ' + n + ' connections (pid ' + process.pid + ')\n');
     send(['STOPPING=1', 'STATUS=draining']);
     if (healthServer && healthServer.listening) origNetClose.call(healthServer);
     mapped.forEach(drainServer);
     var t = setTimeout(function () {
       var left = 0;
-      mapped.forEach(function (s) { left += s[kState].conns.size; });
+      mapped.forEach(function (s) { left += s[kState].conns.size + s[kState].pending.size; });
       process.stderr.write('deployd: drain not done near stop_timeout: ' + left + ' connections left; exiting\n');
       drained = true;
       origExit.call(process, pendingExit !== null ? pendingExit : 1);
@@ -683,7 +708,7 @@ function run(cfg) {
 
   function checkDone() {
     if (!stopping || drained) return;
-    for (var i = 0; i < mapped.length; i++) if (mapped[i][kState].conns.size > 0) return;
+    for (var i = 0; i < mapped.length; i++) if (mapped[i][kState].conns.size + mapped[i][kState].pending.size > 0) return;
     drained = true;
     if (pendingExit !== null) {
       origExit.call(process, pendingExit);
