@@ -430,8 +430,8 @@ function run(cfg) {
     if (st.kind === 'net') {
       process.stderr.write('deployd: warning: a ' + ((server.constructor && server.constructor.name) || 'net.Server') +
         ' that is not an HTTP server accepts on ' + describe(l) + ' of app "' + cfg.app + '": on ' + stopSignal +
-        ' deployd stops its accepting, but cannot tell when its connections are idle and ends them after ' +
-        FRESH_GRACE_MS / 1000 + ' s; end them yourself on ' + stopSignal +
+        ' deployd stops its accepting, but cannot tell when its connections are idle: it ends each open ' +
+        FRESH_GRACE_MS / 1000 + ' s or more once a turn of the event loop reads no byte from it; end them yourself on ' + stopSignal +
         ' (process.on(\'' + stopSignal + '\', ...)), or serve HTTP with http, https or http2\n');
     }
     var tls = tlsServer(server);
