@@ -8,6 +8,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -269,5 +272,48 @@ if (cluster.%s) {
 				t.Errorf("exit %d, want 0", code)
 			}
 		})
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the writer goroutine of exec and a test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A server on an address deployd does not manage is left alone (and
+// NODE_DEBUG=deployd says so), and a plain net.Server on an inherited
+// listener gets a warning at start that names it and the fix.
+func TestPreloadLeavesOtherServersAloneAndWarnsOfPlainOnes(t *testing.T) {
+	r := startPreloadEnv(t, `const http = require('http'), net = require('net');
+const other = http.createServer((req, res) => res.end('other'));
+other.listen(0, '127.0.0.1', () => {
+  const s = net.createServer((c) => c.end('HTTP/1.0 200 OK\r\n\r\nok'));
+  s.listen({fd: 4}, () => console.log('up'));
+});
+`, []string{"NODE_DEBUG=deployd"})
+	r.line(t, "up")
+	r.waitCtl(t, "READY=1")
+	errs := r.errs.String()
+	for _, want := range []string{
+		`is not on a listener of app "web": left alone (no drain)`,
+		`deployd: warning: a Server that is not an HTTP server accepts on tcp://127.0.0.1:` + strconv.Itoa(r.port) + ` of app "web"`,
+		`end them yourself on SIGTERM`,
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errs)
+		}
 	}
 }

@@ -25,6 +25,7 @@ type preloadRun struct {
 	out   *bufio.Scanner
 	ctl   *bufio.Scanner
 	ctlCh chan string
+	errs  *lockedBuffer // node's stderr, also copied to the test's
 }
 
 func needNode(t *testing.T) {
@@ -106,7 +107,8 @@ func startPreloadWith(t *testing.T, network, address, js string, ready bool, ext
 	env := append(os.Environ(), fmt.Sprintf("TEST_PORT=%d", port), "TEST_ADDR="+ln.Addr().String())
 	cmd.Env = spec.Env(append(env, extra...), 3, 4)
 	cmd.ExtraFiles = []*os.File{child, lf}
-	cmd.Stderr = os.Stderr
+	errs := &lockedBuffer{}
+	cmd.Stderr = io.MultiWriter(os.Stderr, errs)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +117,7 @@ func startPreloadWith(t *testing.T, network, address, js string, ready bool, ext
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	r := &preloadRun{port: port, cmd: cmd, out: bufio.NewScanner(stdout), ctlCh: make(chan string, 100)}
+	r := &preloadRun{port: port, cmd: cmd, out: bufio.NewScanner(stdout), ctlCh: make(chan string, 100), errs: errs}
 	go func() {
 		sc := bufio.NewScanner(parent)
 		for sc.Scan() {
