@@ -3,10 +3,12 @@ package nodejs
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"strconv"
 	"strings"
@@ -315,5 +317,51 @@ other.listen(0, '127.0.0.1', () => {
 		if !strings.Contains(errs, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, errs)
 		}
+	}
+}
+
+// Plain HTTP/2 (h2c, http2.createServer) on the inherited fd drains as the
+// secure one does: the next request on an open session after the signal
+// is served on it, then node exits 0.
+func TestPreloadDrainsAPlainHTTP2Session(t *testing.T) {
+	r := startPreload(t, `const http2 = require('http2');
+const s = http2.createServer();
+s.on('stream', (stream) => { stream.respond({':status': 200}); stream.end('ok'); });
+s.listen({fd: 4}, () => console.log('up'));
+`, true)
+	r.line(t, "up")
+	r.waitCtl(t, "READY=1")
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &protos}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var conns []string
+	get := func() string {
+		t.Helper()
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { conns = append(conns, i.Conn.LocalAddr().String()) }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", fmt.Sprintf("http://127.0.0.1:%d/", r.port), nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET: %v", err)
+		}
+		defer resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("GET: %s, want HTTP/2", resp.Proto)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	get()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.waitCtl(t, "STOPPING=1")
+	if body := get(); body != "ok" {
+		t.Errorf("a request on the open session after the signal: %q", body)
+	}
+	if len(conns) != 2 || conns[0] != conns[1] {
+		t.Errorf("connections used: %q, want the one session twice", conns)
+	}
+	if code := r.exit(t); code != 0 {
+		t.Errorf("exit %d, want 0", code)
 	}
 }
