@@ -125,7 +125,7 @@ func nodeFixtures(t *testing.T) string {
 	}
 	nodeOnce.Do(func() {
 		nodeDir = filepath.Join(RepoRoot(), "integration", "nodeapps")
-		for _, m := range []string{"express4", "express5", "fastify", "koa"} {
+		for _, m := range []string{"express4", "express5", "fastify", "koa", "ws"} {
 			if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", m, "package.json")); err != nil {
 				cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", nodeDir)
 				if out, err := cmd.CombinedOutput(); err != nil {
@@ -214,10 +214,18 @@ func helloLoad(t *testing.T, port, clients int, d time.Duration) (stop func() (l
 // no failed request, every worker replaced by each reload, the app's own
 // startup line once per worker start in its log.
 func reloadNode(t *testing.T, cfg string, port, instances, n int) *Agent {
+	return reloadNodeUnder(t, cfg, port, instances, n, func() func() (loadgen.Result, loadgen.Result) {
+		return helloLoad(t, port, 20, 3*time.Minute)
+	})
+}
+
+// reloadNodeUnder is reloadNode under the load that load starts (its stop
+// returns the keep-alive and the new-connection results).
+func reloadNodeUnder(t *testing.T, cfg string, port, instances, n int, load func() (stop func() (loadgen.Result, loadgen.Result))) *Agent {
 	a := StartAgent(t, bins, cfg)
 	st := a.WaitFor("ready", 60*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
 	before := PIDs(appOf(st, "web"))
-	stop := helloLoad(t, port, 20, 3*time.Minute)
+	stop := load()
 	var took []time.Duration
 	for i := 1; i <= n; i++ {
 		t0 := time.Now()

@@ -35,6 +35,8 @@ func newClient(o Options, rec *recorder) *client {
 		MaxIdleConnsPerHost: 1,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true, // Check sees the body as the server sent it
+		TLSClientConfig:     o.TLS,
+		ForceAttemptHTTP2:   o.HTTP2,
 	}
 	return &client{
 		o:   o,

@@ -10,6 +10,7 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -32,6 +33,11 @@ type Options struct {
 	MaxRequests int           // total bound over all clients (required > 0)
 	MaxDuration time.Duration // time bound (required > 0)
 	Timeout     time.Duration // per request; default 10s
+	// TLS configures https URLs (a test's self-signed certificate); HTTP2
+	// makes the clients speak HTTP/2 over it (with KeepAlive, each client
+	// keeps one session open).
+	TLS   *tls.Config
+	HTTP2 bool
 	// Check judges every response; the default wants status 200 and a body starting with
 	// "version=". It is called concurrently from all clients.
 	Check func(status int, body []byte) error

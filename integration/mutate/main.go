@@ -103,6 +103,23 @@ var mutations = []mutation{
 		Tests: []target{{"./workers/nodejs", "Drain"}, {"./integration", "^TestNode(TutorialAppExpress4|ServerCloseHandlerExpress5)$"}},
 	},
 	{
+		Name:  "the Node.js drain skips fd listeners",
+		File:  "workers/nodejs/preload.cjs",
+		Old:   `srv.prependOnceListener('listening', function () { adopt(srv); });`,
+		New:   `srv.prependOnceListener('listening', function () {});`,
+		Tests: []target{{"./workers/nodejs", "FdListen"}, {"./integration", "^TestNodeFdListen$"}},
+	},
+	{
+		Name: "the Node.js drain closes a connection with an unread request",
+		File: "workers/nodejs/preload.cjs",
+		Old: `  function closeIfQuiet(sock, c, destroy) {
+    if (c.checking || sock.destroyed) return;`,
+		New: `  function closeIfQuiet(sock, c, destroy) {
+    if (!sock.destroyed) return destroy ? sock.destroy() : sock.end();
+    if (c.checking || sock.destroyed) return;`,
+		Tests: []target{{"./workers/nodejs", "BusyLoop"}, {"./integration", "^TestNodeCPUBoundRoute$"}},
+	},
+	{
 		Name:  "the notify parser returns nothing",
 		File:  "handoff/notify.go",
 		Old:   `		n[string(k)] = string(v)`,

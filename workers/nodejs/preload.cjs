@@ -11,6 +11,14 @@
 //   the inherited socket of the configured listener with that port (unix
 //   sockets by path); a port the config does not list is a clear error and
 //   exit 1;
+// - finds every other server that accepts on an inherited listener however
+//   it was bound (listen({fd: N}), listen(handle), a framework's server): by
+//   its fd or its address once it listens; one on an address deployd does
+//   not manage is left alone (NODE_DEBUG=deployd says so);
+// - makes a cluster-module app take its worker branch, as under PM2: the
+//   app sees itself as cluster worker DEPLOYD_WORKER+1 (cluster.isPrimary
+//   and isMaster false, isWorker true, cluster.worker set), so the agent's
+//   `instances` processes serve and none forks children;
 // - serves deployd's private health listener (cfg.healthFd, with ready =
 //   "http:PATH" or a [health] table) with the request handler of the app's
 //   first plain HTTP server (not HTTPS: the agent probes in plain HTTP),
@@ -18,15 +26,20 @@
 // - reports on its control channel (sd_notify lines on a unix stream socket
 //   at a high fd, which reaches node through npm and sh): READY=1 once every
 //   configured listener is served (only with ready = "notify"), STATUS=...;
-// - drains on the stop signal: stop accepting (close the listening handle
-//   only), answer every later request with "Connection: close", close a
-//   keep-alive connection only after it served and then stayed idle for a
-//   grace (a request the client sends at that moment is the only one at
-//   risk, and clients retry a request a closed idle connection never
-//   answered), exit when the last connection is gone or near stop_timeout.
-//   An app's own stop handler (server.close, process.exit) is honoured:
-//   server.close closes only the listening handle, process.exit waits for
-//   the drain.
+// - drains every server on an inherited listener on the stop signal: stop
+//   accepting (close the listening handle only), answer every later HTTP/1
+//   request with "Connection: close", send an HTTP/2 session its GOAWAY at
+//   the next stream it opens (before that stream's response), end
+//   long-lived responses (server-sent events, WebSockets with a 1001 close
+//   frame) after a short grace so that their clients reconnect to a new
+//   worker, and exit when the last connection is gone or near stop_timeout.
+//   A keep-alive connection is closed only after it served, stayed idle for
+//   a grace, and a turn of the event loop that read the network found no
+//   byte on it: a request a busy event loop has not read yet waits in the
+//   socket, and closing the connection then would lose it (node's own
+//   keepAliveTimeout and closeIdleConnections get the same check). An app's
+//   own stop handler (server.close, process.exit) is honoured: server.close
+//   closes only the listening handle, process.exit waits for the drain.
 //
 // Written in conservative syntax so that an old node reaches the version
 // check instead of a syntax error.
@@ -66,15 +79,21 @@ function run(cfg) {
 
   var IDLE_GRACE_MS = 1000; // a keep-alive connection idle this long after a response is closed
   var FRESH_GRACE_MS = 5000; // an accepted connection that never sent a request
+  var QUIET_TURN_MS = 20; // a loop turn this short read every byte that came before it
   var listeners = cfg.listeners || [];
   var served = listeners.map(function () { return false; });
   var stopSignal = cfg.stopSignal || 'SIGTERM';
   var stopTimeout = cfg.stopTimeoutMs > 0 ? cfg.stopTimeoutMs : 30000;
+  // Long-lived responses (event streams, WebSockets) end this long after
+  // the stop signal: their clients reconnect, to a new worker.
+  var STREAM_GRACE_MS = Math.min(1000, stopTimeout / 10);
   var kState = Symbol('deployd');
+  var slot = parseInt(process.env.DEPLOYD_WORKER, 10);
 
   var origListen = net.Server.prototype.listen;
   var origNetClose = net.Server.prototype.close;
   var origHttpClose = http.Server.prototype.close;
+  var origCloseIdle = http.Server.prototype.closeIdleConnections;
   var origExit = process.exit;
 
   var ctl = null;
@@ -87,6 +106,12 @@ function run(cfg) {
   var mapped = []; // servers listening on a configured listener
   var healthFd = typeof cfg.healthFd === 'number' && cfg.healthFd > 0 ? cfg.healthFd : -1;
   var healthServer = null; // accepts on healthFd, hands each connection to the app's server
+  var debugLog = null;
+
+  function debug(msg) {
+    if (!debugLog) debugLog = require('util').debuglog('deployd');
+    debugLog(msg);
+  }
 
   function send(lines, cb) {
     if (typeof cfg.ctl !== 'number' || cfg.ctl < 0) {
@@ -112,8 +137,9 @@ function run(cfg) {
   }
 
   // parse reads net.Server.listen's arguments: {kind: 'tcp', port, host} or
-  // {kind: 'unix', path}, or {kind: 'other'} for a listen left as it is (an
-  // fd or handle of the app's own, port 0 or none: an ephemeral port).
+  // {kind: 'unix', path}, or {kind: 'other'} for a listen made as it is (an
+  // fd or a handle, which adopt recognizes once it listens; port 0 or none:
+  // an ephemeral port).
   function parse(args) {
     var a = Array.prototype.slice.call(args);
     var cb = typeof a[a.length - 1] === 'function' ? a.pop() : null;
@@ -187,7 +213,7 @@ function run(cfg) {
 
   function checkReady() {
     var missing = [];
-    for (var i = 0; i < listeners.length; i++) if (!served[i]) missing.push(describe(listeners[i]));
+    for (var i = 0; i < listeners.length; i++) if (served[i] !== true) missing.push(describe(listeners[i]));
     if (missing.length) {
       send(['STATUS=serving ' + (listeners.length - missing.length) + ' of ' + listeners.length +
         ' listeners; waiting for a listen on ' + missing.join(', ')]);
@@ -218,9 +244,16 @@ function run(cfg) {
     setImmediate(function () { send(['READY=1', 'STATUS=running (no listeners configured)']); });
   }
 
+  watchCluster();
+
   net.Server.prototype.listen = function () {
     var r = parse(arguments);
-    if (r.kind === 'other') return origListen.apply(this, arguments);
+    if (r.kind === 'other') {
+      var srv = this;
+      // Before the app's own listening callbacks, which may report readiness.
+      srv.prependOnceListener('listening', function () { adopt(srv); });
+      return origListen.apply(this, arguments);
+    }
     var i = find(r);
     if (i === -1) {
       unlisted(r);
@@ -241,7 +274,7 @@ function run(cfg) {
     var l = listeners[i];
     var server = this;
     install();
-    track(server);
+    track(server, l);
     served[i] = 'pending';
     server.once('listening', function () {
       served[i] = true;
@@ -259,6 +292,58 @@ function run(cfg) {
     if (typeof r.backlog === 'number') opts.backlog = r.backlog;
     return r.cb ? origListen.call(this, opts, r.cb) : origListen.call(this, opts);
   };
+
+  // inherited is the index of the configured listener server accepts on,
+  // or -1: by the fd of its listening handle (the agent's copy at l.fd, or
+  // fd 3+i of the socket-activation protocol, whose TCP address must match
+  // too: through npm and sh the low fds may be other files), else by its
+  // address.
+  function inherited(server) {
+    var h = server._handle;
+    var fd = h && typeof h.fd === 'number' ? h.fd : -1;
+    var a = null;
+    try { a = server.address(); } catch (e) { a = null; }
+    var tcp = a !== null && typeof a === 'object';
+    var i;
+    for (i = 0; i < listeners.length; i++) {
+      var l = listeners[i];
+      if (fd < 0 || (l.fd !== fd && 3 + i !== fd)) continue;
+      if (l.path ? !tcp : tcp && a.port === l.port) return i;
+    }
+    for (i = 0; i < listeners.length; i++) {
+      var m = listeners[i];
+      if (m.path ? typeof a === 'string' && path.resolve(a) === m.path : tcp && a.port === m.port && sameHost(m.host, a.address)) return i;
+    }
+    return -1;
+  }
+
+  function sameHost(want, got) {
+    if (!want || want === got) return true;
+    var any = { '0.0.0.0': true, '::': true, '': true };
+    if (any[want] && any[got]) return true;
+    return String(got).replace(/^::ffff:/, '') === want;
+  }
+
+  // adopt tracks a server the app bound itself (an fd, a handle) once it
+  // listens, when it accepts on an inherited listener.
+  function adopt(server) {
+    if (server[kState]) return;
+    var i = inherited(server);
+    if (i < 0) {
+      var a = null;
+      try { a = server.address(); } catch (e) { a = null; }
+      debug('server ' + (server.constructor && server.constructor.name) + ' on ' + JSON.stringify(a) +
+        ' is not on a listener of app "' + cfg.app + '": left alone (no drain)');
+      return;
+    }
+    var l = listeners[i];
+    install();
+    track(server, l);
+    served[i] = true;
+    serveHealth(server);
+    checkReady();
+    server.once('close', function () { served[i] = 'closed'; });
+  }
 
   // serveHealth makes the health listener feed server (the app's first plain
   // HTTP server to listen) with its connections, so the app's own handler
@@ -296,6 +381,9 @@ function run(cfg) {
     http.Server.prototype.close = function (cb) {
       return this[kState] ? closeMapped(this, cb) : origHttpClose.apply(this, arguments);
     };
+    http.Server.prototype.closeIdleConnections = function () {
+      return this[kState] ? closeIdle(this) : origCloseIdle.apply(this, arguments);
+    };
   }
 
   // tlsServer tells whether server is a tls.Server (https.Server is one)
@@ -313,19 +401,55 @@ function run(cfg) {
       https.Server.prototype.close = function (cb) {
         return this[kState] ? closeMapped(this, cb) : origHttpsClose.apply(this, arguments);
       };
+      var origHttpsCloseIdle = https.Server.prototype.closeIdleConnections;
+      https.Server.prototype.closeIdleConnections = function () {
+        return this[kState] ? closeIdle(this) : origHttpsCloseIdle.apply(this, arguments);
+      };
     }
     return true;
   }
 
-  function track(server) {
+  // kindOf: 'http' (http, https: node's HTTP/1 server), 'h2' (http2's
+  // servers, plain and secure, whose HTTP/1 fallback is 'http' too) or
+  // 'net' (a plain net or tls server: its protocol is the app's).
+  function kindOf(server) {
+    for (var p = Object.getPrototypeOf(server); p; p = Object.getPrototypeOf(p)) {
+      var n = p.constructor && p.constructor.name;
+      if (n === 'Http2Server' || n === 'Http2SecureServer') return 'h2';
+    }
+    return typeof server.keepAliveTimeout === 'number' && typeof server.headersTimeout === 'number' ? 'http' : 'net';
+  }
+
+  function track(server, l) {
     if (server[kState]) return;
-    var st = { conns: new Map(), draining: false, closed: false };
+    var st = { conns: new Map(), pending: new Set(), sessions: new Set(), streams: new Set(), draining: false, closed: false,
+      kind: kindOf(server) };
     server[kState] = st;
     mapped.push(server);
     server.once('close', function () { st.closed = true; });
-    var event = tlsServer(server) ? 'secureConnection' : 'connection';
-    server.on(event, function (sock) {
-      var c = { inflight: 0, served: 0, idleSince: Date.now(), timer: null, res: null };
+    if (st.kind === 'net') {
+      process.stderr.write('deployd: warning: a ' + ((server.constructor && server.constructor.name) || 'net.Server') +
+        ' that is not an HTTP server accepts on ' + describe(l) + ' of app "' + cfg.app + '": on ' + stopSignal +
+        ' deployd stops its accepting, but cannot tell when its connections are idle: it ends each open ' +
+        FRESH_GRACE_MS / 1000 + ' s or more once a turn of the event loop reads no byte from it; end them yourself on ' + stopSignal +
+        ' (process.on(\'' + stopSignal + '\', ...)), or serve HTTP with http, https or http2\n');
+    }
+    var tls = tlsServer(server);
+    if (tls) {
+      // A connection still in its TLS handshake is not in conns yet: the
+      // drain waits for it too (a handshake is slow on a busy machine).
+      server.on('connection', function (raw) {
+        st.pending.add(raw);
+        raw.once('close', function () { settled(raw); });
+      });
+      server.on('tlsClientError', function (err, tsock) { if (tsock) settled(tsock._parentWrap); });
+    }
+    function settled(raw) {
+      if (st.pending.delete(raw)) checkDone();
+    }
+    server.on(tls ? 'secureConnection' : 'connection', function (sock) {
+      if (tls) st.pending.delete(sock._parentWrap);
+      var c = { inflight: 0, served: 0, idleSince: Date.now(), timer: null, res: null, ws: false, checking: false };
       st.conns.set(sock, c);
       sock.once('close', function () {
         if (c.timer) clearTimeout(c.timer);
@@ -334,7 +458,42 @@ function run(cfg) {
       });
       if (st.draining) scheduleIdle(sock, c);
     });
+    if (st.kind === 'h2') {
+      server.on('session', function (session) {
+        st.sessions.add(session);
+        session.once('close', function () { st.sessions.delete(session); });
+        if (st.draining) goaway(session);
+      });
+    }
+    if (st.kind === 'http') {
+      // node's keepAliveTimeout fires before a busy loop reads the request
+      // waiting in the socket: without a handler of the app's, an idle
+      // connection closes only when no byte came (closeIfQuiet).
+      server.on('timeout', function onTimeout(sock) {
+        if (server.listenerCount('timeout') > 1) return; // the app's handler decides
+        var req = sock.parser && sock.parser.incoming;
+        var res = sock._httpMessage;
+        if ((req && !req.complete && req.listenerCount('timeout') > 0) || (res && res.listenerCount('timeout') > 0)) return;
+        var c = st.conns.get(sock);
+        if ((req && !req.complete) || res || !c) sock.destroy(); // node's own answer to a stalled request
+        else closeIfQuiet(sock, c, true);
+      });
+      // Which upgraded connections are WebSockets (to end them with a close frame).
+      var emit = server.emit;
+      server.emit = function (ev, req, sock) {
+        if (ev === 'upgrade' && sock) {
+          var c = st.conns.get(sock);
+          if (c) c.ws = req && req.headers && /websocket/i.test(String(req.headers.upgrade));
+        }
+        return emit.apply(this, arguments);
+      };
+    }
     server.prependListener('request', function (req, res) {
+      if (req.httpVersionMajor === 2) { // http2 compat: no Connection header, GOAWAY drains
+        st.streams.add(res);
+        res.once('close', function () { st.streams.delete(res); });
+        return;
+      }
       var sock = req.socket;
       var c = st.conns.get(sock);
       if (c) {
@@ -357,6 +516,13 @@ function run(cfg) {
     });
   }
 
+  // longLived tells a connection the idle close must leave alone: an
+  // HTTP/2 session (GOAWAY drains it) or an upgraded HTTP/1 connection
+  // (a WebSocket: ended after the stream grace).
+  function longLived(st, sock) {
+    return st.kind === 'h2' ? !sock.parser : st.kind === 'http' && !sock.parser && !sock.destroyed;
+  }
+
   // scheduleIdle closes sock once it has been idle for its grace. A response
   // sent with "Connection: close" closes its connection by itself.
   function scheduleIdle(sock, c) {
@@ -365,9 +531,129 @@ function run(cfg) {
     c.timer = setTimeout(function () {
       c.timer = null;
       if (c.inflight > 0 || sock.destroyed) return;
-      if (Date.now() - c.idleSince >= grace) sock.end();
+      if (Date.now() - c.idleSince >= grace) closeIfQuiet(sock, c, false);
       else scheduleIdle(sock, c);
     }, Math.max(0, c.idleSince + grace - Date.now()));
+  }
+
+  // closeIfQuiet ends sock (destroys it with destroy) only after a turn of
+  // the event loop that read the network found no byte on it. It runs from
+  // the timers phase: the poll phase that follows reads what the kernel
+  // holds (a request a busy loop left unread), and the check phase after
+  // it looks. A long turn (the app's CPU-bound handlers) is checked again,
+  // since bytes may have come after its poll.
+  function closeIfQuiet(sock, c, destroy) {
+    if (c.checking || sock.destroyed) return;
+    c.checking = true;
+    var seen = sock.bytesRead;
+    setTimeout(function () {
+      var t0 = Date.now();
+      setImmediate(function () {
+        c.checking = false;
+        if (sock.destroyed || c.inflight > 0) return;
+        if (sock.bytesRead !== seen || partial(sock)) {
+          c.idleSince = Date.now(); // a request is on its way: it gets Connection: close
+          if (stopping) scheduleIdle(sock, c);
+          return;
+        }
+        if (Date.now() - t0 > QUIET_TURN_MS) {
+          closeIfQuiet(sock, c, destroy);
+          return;
+        }
+        if (destroy) sock.destroy();
+        else sock.end();
+      });
+    }, 0);
+  }
+
+  // partial tells a connection whose request's head or body is still coming.
+  function partial(sock) {
+    var req = sock.parser && sock.parser.incoming;
+    return !!req && !req.complete;
+  }
+
+  // closeIdle is closeIdleConnections of a tracked server: idle connections
+  // close, each once no byte waits in it.
+  function closeIdle(server) {
+    var st = server[kState];
+    st.conns.forEach(function (c, sock) {
+      if (c.inflight === 0 && !longLived(st, sock)) closeIfQuiet(sock, c, true);
+    });
+  }
+
+  // goaway closes an HTTP/2 session the way "Connection: close" on the next
+  // response closes an HTTP/1 connection: at the next stream the client
+  // opens, before its response, the session sends its final GOAWAY (the
+  // streams read so far are served, the client opens the next one on a new
+  // connection). node has no shutdown notice: after any GOAWAY it ignores
+  // new streams, so one sent at an arbitrary moment would make a client
+  // retry the streams on their way. A session that opens no stream is
+  // closed after the idle grace, once a loop turn read no byte from it.
+  var kGoaway = Symbol('deployd.goaway');
+  function goaway(session) {
+    if (session.closed || session.destroyed || session[kGoaway]) return;
+    session[kGoaway] = true;
+    var t = null;
+    function close() {
+      clearTimeout(t);
+      session.removeListener('stream', close);
+      if (!session.closed && !session.destroyed) session.close();
+    }
+    session.prependListener('stream', close);
+    session.once('close', function () { clearTimeout(t); });
+    var seen = -1;
+    t = setTimeout(function check() {
+      if (session.closed || session.destroyed) return;
+      var now = 0;
+      try { now = session.socket.bytesRead; } catch (e) { now = 0; }
+      if (now !== seen) { // bytes came: another look after a turn
+        seen = now;
+        t = setTimeout(check, QUIET_TURN_MS);
+        return;
+      }
+      close();
+    }, IDLE_GRACE_MS);
+  }
+
+  // endStreams ends what would keep a connection open for long: event
+  // streams (their clients reconnect), over HTTP/2 too, and WebSockets
+  // (close frame 1001, going away).
+  function endStreams(server) {
+    var st = server[kState];
+    st.conns.forEach(function (c, sock) {
+      if (c.res && !c.res.writableEnded && eventStream(c.res)) c.res.end();
+      else if (st.kind === 'http' && !sock.parser && !sock.destroyed) endUpgraded(sock, c);
+    });
+    st.streams.forEach(function (res) {
+      if (!res.writableEnded && eventStream(res)) res.end();
+    });
+  }
+
+  // eventStream tells a response of content-type text/event-stream (set
+  // with setHeader, or with writeHead, whose headers only the sent head has).
+  function eventStream(res) {
+    var t = typeof res.getHeader === 'function' && res.getHeader('content-type');
+    if (!t && typeof res._header === 'string') t = (/\r\ncontent-type:([^\r]*)/i.exec(res._header) || [])[1];
+    if (!t && res.stream && res.stream.sentHeaders) t = res.stream.sentHeaders['content-type'];
+    return /^\s*text\/event-stream/i.test(String(t || ''));
+  }
+
+  // endUpgraded closes a WebSocket with 1001 (going away): through the ws
+  // library's own object when it has one (the close handshake), else with a
+  // close frame of our own.
+  function endUpgraded(sock, c) {
+    var syms = Object.getOwnPropertySymbols(sock);
+    for (var i = 0; i < syms.length; i++) {
+      var w = sock[syms[i]];
+      if (syms[i].description === 'websocket' && w && typeof w.close === 'function') {
+        if (w.readyState === 1) w.close(1001, 'going away');
+        return;
+      }
+    }
+    if (!c.ws) return; // another protocol: the app's to end
+    var reason = Buffer.from('going away');
+    var frame = Buffer.concat([Buffer.from([0x88, 2 + reason.length, 0x03, 0xe9]), reason]);
+    sock.end(frame);
   }
 
   function drainServer(server) {
@@ -378,8 +664,11 @@ function run(cfg) {
     st.conns.forEach(function (c, sock) {
       // A response in flight whose headers are not out yet closes its connection too.
       if (c.res && !c.res.headersSent) c.res.setHeader('Connection', 'close');
-      scheduleIdle(sock, c);
+      if (!longLived(st, sock)) scheduleIdle(sock, c);
     });
+    st.sessions.forEach(goaway);
+    var t = setTimeout(function () { endStreams(server); }, STREAM_GRACE_MS);
+    t.unref();
   }
 
   // closeMapped is server.close of a mapped server: only the listening
@@ -401,14 +690,14 @@ function run(cfg) {
     stopping = true;
     appOwnsExit = process.listenerCount(stopSignal) > 1;
     var n = 0;
-    mapped.forEach(function (s) { n += s[kState].conns.size; });
+    mapped.forEach(function (s) { n += s[kState].conns.size + s[kState].pending.size; });
     process.stderr.write('deployd: ' + stopSignal + ': draining ' + n + ' connections (pid ' + process.pid + ')\n');
     send(['STOPPING=1', 'STATUS=draining']);
     if (healthServer && healthServer.listening) origNetClose.call(healthServer);
     mapped.forEach(drainServer);
     var t = setTimeout(function () {
       var left = 0;
-      mapped.forEach(function (s) { left += s[kState].conns.size; });
+      mapped.forEach(function (s) { left += s[kState].conns.size + s[kState].pending.size; });
       process.stderr.write('deployd: drain not done near stop_timeout: ' + left + ' connections left; exiting\n');
       drained = true;
       origExit.call(process, pendingExit !== null ? pendingExit : 1);
@@ -419,7 +708,7 @@ function run(cfg) {
 
   function checkDone() {
     if (!stopping || drained) return;
-    for (var i = 0; i < mapped.length; i++) if (mapped[i][kState].conns.size > 0) return;
+    for (var i = 0; i < mapped.length; i++) if (mapped[i][kState].conns.size + mapped[i][kState].pending.size > 0) return;
     drained = true;
     if (pendingExit !== null) {
       origExit.call(process, pendingExit);
@@ -427,5 +716,107 @@ function run(cfg) {
       origExit.call(process, typeof process.exitCode === 'number' ? process.exitCode : 0);
     }
     // else: the app's own handler decides (its server.close callback runs now).
+  }
+
+  // watchCluster makes an app that uses the cluster module take its worker
+  // branch (`if (cluster.isPrimary) fork() else listen()`), as PM2's cluster
+  // mode does: deployd's own workers are the cluster. The module is patched
+  // when the app loads it (require; an ES module app's entry loads it at
+  // once, as its imports cannot be watched), not before: loading it costs a
+  // worker's start tens of ms.
+  function watchCluster() {
+    var Module = require('module');
+    var origLoad = Module._load;
+    Module._load = function deploydLoad(request) {
+      var m = origLoad.apply(this, arguments);
+      if (request === 'cluster' || request === 'node:cluster') {
+        workerBranch(m);
+        if (Module._load === deploydLoad) Module._load = origLoad;
+      }
+      return m;
+    };
+    if (esmEntry(process.argv[1])) workerBranch(require('cluster'));
+  }
+
+  function esmEntry(main) {
+    if (typeof main !== 'string') return false;
+    if (/\.mjs$/.test(main)) return true;
+    if (!/\.js$/.test(main) && path.extname(main) !== '') return false;
+    var fs = require('fs');
+    for (var dir = path.dirname(path.resolve(main)); ; dir = path.dirname(dir)) {
+      try {
+        return JSON.parse(fs.readFileSync(path.join(dir, 'package.json'), 'utf8')).type === 'module';
+      } catch (e) {
+        if (e.code !== 'ENOENT') return false;
+      }
+      if (path.dirname(dir) === dir) return false;
+    }
+  }
+
+  // workerBranch turns the primary's cluster module into a worker's as the
+  // app sees it. node's own net and dgram read isPrimary too: they keep
+  // seeing a primary (a stack check), so listen binds here instead of
+  // asking a primary that does not exist.
+  function workerBranch(cluster) {
+    if (!cluster || cluster[kState] || cluster.isPrimary !== true) return; // a real cluster worker: as it is
+    cluster[kState] = true;
+    function fromNode(self) {
+      var prep = Error.prepareStackTrace;
+      var limit = Error.stackTraceLimit;
+      var o = {};
+      Error.stackTraceLimit = 1;
+      Error.prepareStackTrace = function (_, cs) { return cs; };
+      try {
+        Error.captureStackTrace(o, self);
+        var f = o.stack && o.stack[0] && o.stack[0].getFileName();
+        return typeof f === 'string' && f.indexOf('node:') === 0;
+      } finally {
+        Error.prepareStackTrace = prep;
+        Error.stackTraceLimit = limit;
+      }
+    }
+    function isPrimary() { return fromNode(isPrimary); }
+    function isMaster() { return fromNode(isMaster); }
+    function isWorker() { return !fromNode(isWorker); }
+    Object.defineProperty(cluster, 'isPrimary', { configurable: true, enumerable: true, get: isPrimary });
+    Object.defineProperty(cluster, 'isMaster', { configurable: true, enumerable: true, get: isMaster });
+    Object.defineProperty(cluster, 'isWorker', { configurable: true, enumerable: true, get: isWorker });
+    var warned = false;
+    function dropped(what) {
+      if (warned) return;
+      warned = true;
+      process.stderr.write('deployd: ' + what + ': this app runs as one of deployd\'s workers, with no cluster ' +
+        'primary to receive messages; the message is dropped (this is said once)\n');
+    }
+    var EventEmitter = require('events');
+    var w = new EventEmitter();
+    w.id = (slot >= 0 ? slot : 0) + 1;
+    w.process = process;
+    w.state = 'online';
+    w.exitedAfterDisconnect = false;
+    w.send = function () {
+      dropped('cluster.worker.send');
+      var cb = arguments[arguments.length - 1];
+      if (typeof cb === 'function') process.nextTick(cb, null);
+      return true;
+    };
+    w.isConnected = function () { return false; };
+    w.isDead = function () { return false; };
+    w.disconnect = function () { return w; };
+    w.kill = w.destroy = function (sig) { process.kill(process.pid, sig || 'SIGTERM'); };
+    cluster.worker = w;
+    cluster.workers = undefined;
+    cluster.fork = function () {
+      throw new Error('deployd: cluster.fork() in a deployd worker: deployd runs this app\'s worker branch in ' +
+        'each of its own workers; set the number of processes with instances in deployd.toml');
+    };
+    if (typeof process.send !== 'function') {
+      process.send = function (msg) {
+        if (msg !== 'ready') dropped('process.send');
+        var cb = arguments[arguments.length - 1];
+        if (typeof cb === 'function') process.nextTick(cb, null);
+        return true;
+      };
+    }
   }
 }

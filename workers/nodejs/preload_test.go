@@ -25,6 +25,7 @@ type preloadRun struct {
 	out   *bufio.Scanner
 	ctl   *bufio.Scanner
 	ctlCh chan string
+	errs  *lockedBuffer // node's stderr, also copied to the test's
 }
 
 func needNode(t *testing.T) {
@@ -42,7 +43,24 @@ func startPreload(t *testing.T, js string, ready bool) *preloadRun {
 	return startPreloadOn(t, "tcp", "127.0.0.1:0", js, ready)
 }
 
+// startPreloadEnv is startPreload (ready = "notify") with extra variables for the app.
+func startPreloadEnv(t *testing.T, js string, env []string) *preloadRun {
+	t.Helper()
+	return startPreloadWith(t, "tcp", "127.0.0.1:0", js, true, env)
+}
+
 func startPreloadOn(t *testing.T, network, address, js string, ready bool) *preloadRun {
+	t.Helper()
+	return startPreloadWith(t, network, address, js, ready, nil)
+}
+
+// startPreloadFile is startPreloadEnv with the app in a file of that name (app.mjs: an ES module).
+func startPreloadFile(t *testing.T, file, js string, env []string) *preloadRun {
+	t.Helper()
+	return startPreloadWith(t, "tcp", "127.0.0.1:0", js, true, append(env, "TEST_FILE="+file))
+}
+
+func startPreloadWith(t *testing.T, network, address, js string, ready bool, extra []string) *preloadRun {
 	t.Helper()
 	needNode(t)
 	ln, err := net.Listen(network, address)
@@ -77,13 +95,20 @@ func startPreloadOn(t *testing.T, network, address, js string, ready bool) *prel
 	spec := &Spec{Preload: p, App: "web", ReportReady: ready, StopSignal: "SIGTERM", StopTimeout: 10 * time.Second,
 		Listeners: []Listener{{network, ln.Addr().String()}}}
 	app := filepath.Join(dir, "app.js")
+	for _, kv := range extra {
+		if f, ok := strings.CutPrefix(kv, "TEST_FILE="); ok {
+			app = filepath.Join(dir, f)
+		}
+	}
 	if err := os.WriteFile(app, []byte(js), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("node", app)
-	cmd.Env = spec.Env(append(os.Environ(), fmt.Sprintf("TEST_PORT=%d", port), "TEST_ADDR="+ln.Addr().String()), 3, 4)
+	env := append(os.Environ(), fmt.Sprintf("TEST_PORT=%d", port), "TEST_ADDR="+ln.Addr().String())
+	cmd.Env = spec.Env(append(env, extra...), 3, 4)
 	cmd.ExtraFiles = []*os.File{child, lf}
-	cmd.Stderr = os.Stderr
+	errs := &lockedBuffer{}
+	cmd.Stderr = io.MultiWriter(os.Stderr, errs)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +117,7 @@ func startPreloadOn(t *testing.T, network, address, js string, ready bool) *prel
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	r := &preloadRun{port: port, cmd: cmd, out: bufio.NewScanner(stdout), ctlCh: make(chan string, 100)}
+	r := &preloadRun{port: port, cmd: cmd, out: bufio.NewScanner(stdout), ctlCh: make(chan string, 100), errs: errs}
 	go func() {
 		sc := bufio.NewScanner(parent)
 		for sc.Scan() {

@@ -2,6 +2,7 @@ package nodejs
 
 import (
 	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,7 +13,9 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -118,5 +121,90 @@ s.listen(port, () => {
 		t.Skip("this node has no process.moduleLoadList")
 	default:
 		t.Errorf("a plain HTTP app has %s loaded", got)
+	}
+}
+
+// An HTTP/2 server over TLS on the inherited fd: after the signal, the
+// next request on an open session is served on that session, whose final
+// GOAWAY comes with it (node ignores the streams that follow any GOAWAY,
+// so one sent at the signal would have refused it); then node exits 0.
+func TestPreloadDrainsAnHTTP2Session(t *testing.T) {
+	key, cert := selfSigned(t, t.TempDir())
+	r := startPreload(t, fmt.Sprintf(`const http2 = require('http2'), fs = require('fs');
+const s = http2.createSecureServer({key: fs.readFileSync(%q), cert: fs.readFileSync(%q)});
+s.on('stream', (stream) => { stream.respond({':status': 200}); stream.end('ok'); });
+s.listen({fd: 4}, () => console.log('up'));
+`, key, cert), true)
+	r.line(t, "up")
+	r.waitCtl(t, "READY=1")
+	var conns []string
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	get := func() string {
+		t.Helper()
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { conns = append(conns, i.Conn.LocalAddr().String()) }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", fmt.Sprintf("https://127.0.0.1:%d/", r.port), nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET: %v", err)
+		}
+		defer resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("GET: %s, want HTTP/2", resp.Proto)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	get()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.waitCtl(t, "STOPPING=1")
+	if body := get(); body != "ok" {
+		t.Errorf("a request on the open session after the signal: %q", body)
+	}
+	if len(conns) != 2 || conns[0] != conns[1] {
+		t.Errorf("connections used: %q, want the one session twice", conns)
+	}
+	if code := r.exit(t); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+}
+
+// A TLS connection accepted before the signal whose handshake ends after
+// it is served too: the drain counts connections from accept, not from
+// the end of their handshake.
+func TestPreloadDrainWaitsForATLSHandshake(t *testing.T) {
+	key, cert := selfSigned(t, t.TempDir())
+	r := startPreload(t, fmt.Sprintf(`const https = require('https'), fs = require('fs');
+const s = https.createServer({key: fs.readFileSync(%q), cert: fs.readFileSync(%q)}, (req, res) => res.end('ok'));
+s.on('connection', () => console.log('accepted'));
+s.listen({fd: 4}, () => console.log('up'));
+`, key, cert), true)
+	r.line(t, "up")
+	r.waitCtl(t, "READY=1")
+	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	r.line(t, "accepted")
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.waitCtl(t, "STOPPING=1")
+	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
+	if err := c.Handshake(); err != nil {
+		t.Fatalf("handshake after the signal: %v", err)
+	}
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("GET: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != "ok" || !resp.Close {
+		t.Errorf("GET: %q, Connection: close %v", b, resp.Close)
+	}
+	if code := r.exit(t); code != 0 {
+		t.Errorf("exit %d, want 0", code)
 	}
 }
