@@ -30,5 +30,3 @@ require (
 	golang.org/x/crypto v0.59.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/urfave/cli/v2 => ./third_party/urfave-cli-v2
