@@ -16,6 +16,7 @@ require (
 	github.com/urfave/cli/v2 v2.27.7
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1
 	go.uber.org/goleak v1.3.0
+	golang.org/x/mod v0.43.0
 	golang.org/x/sys v0.50.0
 )
 
