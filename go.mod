@@ -16,6 +16,7 @@ require (
 	github.com/urfave/cli/v2 v2.27.7
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1
 	go.uber.org/goleak v1.3.0
+	golang.org/x/mod v0.43.0
 	golang.org/x/sys v0.50.0
 )
 
@@ -30,5 +31,3 @@ require (
 	golang.org/x/crypto v0.59.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/urfave/cli/v2 => ./third_party/urfave-cli-v2

@@ -44,7 +44,7 @@ func fail(code int, format string, args ...any) error {
 func Main(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
 	app.Metadata = map[string]any{"args": args} // as typed: deployd start writes it in the config
-	err := app.Run(interspersed(app, args))
+	err := app.Run(interspersed(app, helpAsFlag(app, args)))
 	if err == nil {
 		return ExitOK
 	}
@@ -186,6 +186,27 @@ func exactArgs(c *cli.Context, n int, usage string) error {
 		return fail(ExitUsage, "usage: deployd %s %s", c.Command.Name, usage)
 	}
 	return nil
+}
+
+// helpAsFlag turns `deployd help CMD [SUB...]` into `deployd CMD [SUB...]
+// --help`. urfave/cli v2.27.7's help command renders a command that has
+// subcommands only down to USAGE (its template fails on a command that was
+// never set up), and `help CMD SUB` shows CMD's help instead of SUB's; the
+// --help flag renders both whole.
+func helpAsFlag(app *cli.App, args []string) []string {
+	if len(args) < 3 || (args[1] != "help" && args[1] != "h") {
+		return args
+	}
+	cmd := app.Command(args[2])
+	if cmd == nil {
+		return args
+	}
+	end := 3
+	for end < len(args) && cmd.Command(args[end]) != nil {
+		cmd, end = cmd.Command(args[end]), end+1
+	}
+	out := append([]string{args[0]}, args[2:end]...)
+	return append(out, "--help")
 }
 
 // interspersed moves flags that follow positional arguments in front of

@@ -56,13 +56,21 @@ func vcsOf(settings []debug.BuildSetting) Build {
 }
 
 // Long returns the version followed by the commit, its date and a dirty
-// mark when the build recorded them, e.g. "v1.2.3 (commit 08a2178c1e2f, 2026-12-01T21:00:00Z, dirty)".
+// mark when the build recorded them, e.g. "v1.2.3 (commit 08a2178c1e2f, 2026-12-01T21:00:00Z, dirty)";
+// for a build that recorded neither, "dev" and how to get a stamped build.
 func Long() string {
 	return longOf(String(), VCS())
 }
 
+// unstamped follows "dev" in Long when the build recorded neither a version
+// nor a commit (`go build` with -buildvcs=false, or from a source archive).
+const unstamped = " (no version stamp: releases and `go install .../cmd/deployd@VERSION` have one)"
+
 func longOf(v string, b Build) string {
 	if b.Commit == "" {
+		if v == "dev" {
+			return v + unstamped
+		}
 		return v
 	}
 	commit := b.Commit

@@ -25,7 +25,10 @@ func TestLongNamesCommitDateAndDirty(t *testing.T) {
 	if got := longOf(pseudo, vcsOf(settings)); got != pseudo {
 		t.Fatalf("pseudo-version: longOf = %q, want it unchanged", got)
 	}
-	if got := longOf("dev", vcsOf(nil)); got != "dev" {
-		t.Fatalf("no VCS data: longOf = %q, want dev", got)
+	if got := longOf("dev", vcsOf(nil)); got != "dev"+unstamped {
+		t.Fatalf("no VCS data: longOf = %q, want dev%s", got, unstamped)
+	}
+	if got := longOf("v1.2.3", vcsOf(nil)); got != "v1.2.3" { // -ldflags -X, or go install @v1.2.3
+		t.Fatalf("stamped, no VCS data: longOf = %q, want v1.2.3", got)
 	}
 }
