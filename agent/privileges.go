@@ -46,7 +46,7 @@ const (
 )
 
 // Privileges is the privilege model: the one table of who may call what.
-// README ("Who may do what") and SECURITY.md print it; a test checks they
+// docs/commands.md ("Who may do what") and SECURITY.md print it; a test checks they
 // agree. Whoever may deploy may run code as the app's user (the release is
 // the app's code), so run each app under its own `user`.
 var Privileges = []struct {

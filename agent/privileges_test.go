@@ -15,7 +15,7 @@ var memberColumn = map[Need]string{
 	NeedOwner:        "no",
 }
 
-// The privilege table in code, README's and SECURITY.md's agree, and every
+// The privilege table in code, docs/commands.md's and SECURITY.md's agree, and every
 // route of the control server has exactly one row.
 func TestPrivilegeTablesAgree(t *testing.T) {
 	a := &Agent{}
@@ -36,7 +36,7 @@ func TestPrivilegeTablesAgree(t *testing.T) {
 			t.Errorf("route %s has no row in Privileges: every call needs one", key)
 		}
 	}
-	for _, doc := range []string{"../README.md", "../SECURITY.md"} {
+	for _, doc := range []string{"../docs/commands.md", "../SECURITY.md"} {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)

@@ -57,7 +57,7 @@ func runImportPM2(c *cli.Context) error {
 		return fail(ExitUsage, "%v", err)
 	}
 	if _, err := exec.LookPath("node"); err != nil {
-		return fail(ExitFailed, "node is needed to evaluate %s: install Node.js, or write deployd.toml by hand (README: Coming from PM2)", file)
+		return fail(ExitFailed, "node is needed to evaluate %s: install Node.js, or write deployd.toml by hand (docs/coming-from-pm2.md)", file)
 	}
 	var stderr bytes.Buffer
 	cmd := exec.Command("node", "-e", pm2Eval, file)

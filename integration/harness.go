@@ -41,7 +41,7 @@ func RepoRoot() string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
-// ReleaseTags are the build tags of a release build of deployd (README,
+// ReleaseTags are the build tags of a release build of deployd (docs/install.md,
 // "To get a binary"): they leave out code the agent never runs, urfave/cli's
 // man-page generator and net/http's HTTP/2 (the control socket, metrics and
 // artifact downloads speak HTTP/1.1), about 0.9 MiB of the agent's RSS. The

@@ -200,7 +200,7 @@ func TestNodeHTTPHealth(t *testing.T) {
 	requireHealthChecksPassed(t, a, "node")
 }
 
-// The README's Go example (worker.ServeHTTP, nothing else) answers the
+// The Go guide's example (worker.ServeHTTP, nothing else) answers the
 // health checks on the health listener with its own handler.
 func TestGoPackageServesHealth(t *testing.T) {
 	path := goApp(t)

@@ -56,7 +56,7 @@ var (
 	goAppErr  error
 )
 
-// goApp builds integration/goapp (the README's Go example) once.
+// goApp builds integration/goapp (the Go guide's example) once.
 func goApp(t *testing.T) string {
 	t.Helper()
 	goAppOnce.Do(func() { goAppPath, goAppErr = Build(bins.Dir, "goapp", "./integration/goapp", "") })

@@ -256,7 +256,7 @@ func TestNoApps(t *testing.T) {
 
 func TestDefaults(t *testing.T) {
 	c := loadOK(t, web)
-	// The defaults as the README's table documents them, written out here
+	// The defaults as the configuration docs' table (docs/configuration.md) documents them, written out here
 	// rather than taken from defaultApp, so a changed default fails this test.
 	dir := filepath.Dir(c.Path)
 	want := &App{

@@ -15,7 +15,7 @@ type server struct {
 	probe    []string // runs when it is installed
 	version  []string // prints its version (first line used)
 	ready    string   // the app's ready key
-	settings string   // what the README says to set, shown in the table
+	settings string   // what docs/compatibility.md says to set, shown in the table
 	// argv and extra config lines; dir is the folder the app runs in.
 	argv  func(h *harness) []string
 	extra string

@@ -1,4 +1,4 @@
-// Command goapp is the README's Go example: an app that runs under deployd
+// Command goapp is the Go guide's example (docs/go.md): an app that runs under deployd
 // through package worker alone. The compatibility harness and the
 // integration tests run it; its answer names its version (GOAPP_VERSION),
 // pid and slot as the load generator expects.
