@@ -3,10 +3,12 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -321,4 +323,72 @@ func TestRealSystemdReloadStopRestart(t *testing.T) {
 	if strings.Contains(j, "SIGKILL") || strings.Contains(j, "Killing process") {
 		t.Errorf("systemd killed processes at the stop (the agent must stop them):\n%s", j)
 	}
+}
+
+// TestReleaseDebUnderRealSystemd installs the snapshot release's .deb
+// (.ci/run makes it and names its folder in DEPLOYD_RELEASE_DIST) into a
+// real systemd, adds an app to the config the package installed, and runs
+// the packaged unit: it serves, `systemctl reload` keeps the workers, and
+// `systemctl stop` ends the unit.
+func TestReleaseDebUnderRealSystemd(t *testing.T) {
+	dist := os.Getenv("DEPLOYD_RELEASE_DIST")
+	if dist == "" {
+		skipOrFail(t, "DEPLOYD_RELEASE_DIST is not set: .ci/run sets it after its snapshot release")
+	}
+	debs, _ := filepath.Glob(filepath.Join(dist, "deployd_*_"+runtime.GOARCH+".deb"))
+	if len(debs) != 1 {
+		t.Fatalf("want one .deb for %s in %s, found %v", runtime.GOARCH, dist, debs)
+	}
+	port := FreePort(t)
+	sd := bootSystemd(t, dist, bins.Dir)
+	if out, err := sd.run("dpkg", "-i", debs[0]); err != nil {
+		t.Fatalf("dpkg -i %s: %v\n%s", filepath.Base(debs[0]), err, out)
+	}
+	app := strings.ReplaceAll(appConfig("web", port, 2, ""), "%TESTAPP%", bins.TestApp)
+	if out, err := sd.run("sh", "-c", "cat >> /etc/deployd/deployd.toml <<'EOF'\n"+app+"EOF\n"); err != nil {
+		t.Fatalf("add an app to the packaged config: %v\n%s", err, out)
+	}
+	sd.mustCtl("daemon-reload")
+	sd.mustCtl("enable", "--now", "deployd")
+	status := func() *api.Status {
+		t.Helper()
+		out, err := sd.run("/usr/bin/deployd", "status", "--json")
+		if err != nil {
+			return nil
+		}
+		var st api.Status
+		if json.Unmarshal([]byte(out), &st) != nil {
+			return nil
+		}
+		return &st
+	}
+	var st *api.Status
+	deadline := time.Now().Add(60 * time.Second)
+	for st = status(); st == nil || !AllReady(st, "web", 2); st = status() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the packaged unit did not serve web within 60 s:\n%s", sd.journal("deployd"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if body, err := get(t, port, "/"); err != nil || !strings.HasPrefix(body, "version=") {
+		t.Fatalf("GET / from the packaged unit's workers: %q, %v", body, err)
+	}
+	pids := PIDs(appOf(st, "web"))
+	old := st.Agent.PID
+	sd.mustCtl("reload", "deployd")
+	deadline = time.Now().Add(60 * time.Second)
+	for st = status(); st == nil || st.Agent.PID == old || !AllReady(st, "web", 2); st = status() {
+		if time.Now().After(deadline) {
+			t.Fatalf("systemctl reload of the packaged unit: no new agent within 60 s:\n%s", sd.journal("deployd"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := PIDs(appOf(st, "web")); fmt.Sprint(got) != fmt.Sprint(pids) {
+		t.Errorf("systemctl reload of the packaged unit replaced the workers: %v, then %v", pids, got)
+	}
+	sd.mustCtl("stop", "deployd")
+	if out, _ := sd.ctl("is-active", "deployd"); strings.TrimSpace(out) != "inactive" {
+		t.Errorf("after systemctl stop the packaged unit is %q", strings.TrimSpace(out))
+	}
+	t.Logf("%s: installed, served, reloaded with the same pids %v, stopped", filepath.Base(debs[0]), pids)
 }
