@@ -22,8 +22,12 @@ import (
 // across a handoff), so an agent that dies without one (SIGKILL, a crash)
 // leaves them running. Every agent therefore records the worker processes
 // it runs in state_dir/agents/<pid>.json; an agent that starts finds the
-// records of agents that are gone and retires their survivors once its own
-// workers are ready. A clean exit removes the record.
+// records of agents that are gone and adopts their survivors as an upgrade
+// would have handed them over (adoptSurvivors): each worker keeps copies of
+// the agent's ends of its channels (handoff/keep.go), which the new agent
+// copies back out of it. Those it cannot adopt (gone, pid reused, no kept
+// channels, an app removed or changed) it retires once its own workers are
+// ready. A clean exit removes the record.
 //
 // The record is written before each worker starts (beforeStart), and a
 // start it cannot write (state_dir full) is refused. Every worker also
@@ -335,4 +339,39 @@ func (a *Agent) retireLater() {
 	if err == nil {
 		a.retire(a.survivors())
 	}
+}
+
+// adoptSurvivors takes back (workers.TakeBack) every recorded survivor that
+// still holds its channels, as the handover of an agent upgrade would have
+// described it: startApps adopts them (same pids, no signal) into the apps
+// whose spec they still match, and the rest are stopped once this agent
+// serves. What cannot be taken back (pid gone or reused, an agent that kept
+// nothing, a stray) stays in found, retired as before, and the log says why.
+func (a *Agent) adoptSurvivors() *received {
+	r := &received{byApp: map[string][]*workers.Handover{}, pools: map[string]*workers.PoolHandover{},
+		unhealthy: map[string]bool{}}
+	var left []survivor
+	for _, s := range a.found {
+		if s.stray {
+			left = append(left, s)
+			continue
+		}
+		h, err := workers.TakeBack(s.p)
+		if err != nil {
+			a.log.Warn("worker left by an agent that died cannot be adopted; it will be retired", "app", s.app,
+				"worker", s.p.Slot, "pid", s.p.PID, "agent_pid", s.agentPID, "error", err)
+			left = append(left, s)
+			continue
+		}
+		a.log.Info("taking over a worker left by an agent that died", "app", s.app, "worker", s.p.Slot,
+			"pid", s.p.PID, "agent_pid", s.agentPID)
+		r.byApp[s.app] = append(r.byApp[s.app], h)
+	}
+	// The newest generation first: a slot's replacement rather than the
+	// worker it was replacing when the agent died (the other is stopped).
+	for _, hs := range r.byApp {
+		slices.SortStableFunc(hs, func(x, y *workers.Handover) int { return y.Generation - x.Generation })
+	}
+	a.found = left
+	return r
 }

@@ -42,6 +42,9 @@ type Handover struct {
 	Pending map[string][]byte `json:"pending,omitempty"`
 	// Streams names the files that cross with it, in order.
 	Streams []string `json:"streams"`
+	// Kept are the fd numbers at which the process holds copies of the
+	// agent's ends, for an agent that comes after a crash (TakeBack).
+	Kept map[string]int `json:"kept,omitempty"`
 
 	files map[string]*os.File
 }
@@ -266,7 +269,7 @@ func (w *Worker) describe() *Handover {
 	h := &Handover{Slot: w.Slot, PID: w.PID, StartTime: w.startTime, Generation: w.Generation,
 		Release: w.Release, Identity: w.spec.Identity(), Started: w.Started, ReadyAt: w.readyAt,
 		Status: w.status, StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Pending: pending,
-		files: map[string]*os.File{"notify": nf}}
+		Kept: w.kept, files: map[string]*os.File{"notify": nf}}
 	w.mu.Unlock()
 	h.Streams = append(h.Streams, "notify")
 	for _, name := range []string{"out", "err", "ipc", "node"} {

@@ -83,8 +83,9 @@ type Options struct {
 	Out, Err *logs.Sink
 	Logger   hclog.Logger
 	// Changed, when set, is called (from the supervisor's loop: it must not
-	// block) whenever a worker process starts or ends: the agent then
-	// rewrites its record of the processes it runs.
+	// block) whenever a worker process starts, gets ready or ends: the
+	// agent then rewrites its record of the processes it runs (a worker
+	// recorded ready is adopted ready after an agent crash).
 	Changed func()
 	// NotifyDir is the folder of the workers' NOTIFY_SOCKET paths, one
 	// private folder per worker inside; "" gives abstract sockets.

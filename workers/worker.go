@@ -51,8 +51,12 @@ type Worker struct {
 	// pz pauses the readers of the worker's channels for a handoff; ends
 	// are the agent's ends that a handoff passes (out, err, ipc, node), and
 	// notify its notify socket.
-	pz     *pauser
-	ends   map[string]*os.File
+	pz   *pauser
+	ends map[string]*os.File
+	// kept names the fd numbers at which the process holds copies of
+	// the agent's ends (handoff.Proc.Keep), for the agent that comes after
+	// a crash (TakeBack); nil when it holds none. Set before serve.
+	kept   map[string]int
 	notify *handoff.NotifySocket
 	tail   *logs.Tail
 	ready  chan struct{} // closed when ready
