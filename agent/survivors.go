@@ -221,7 +221,9 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 		records = append(records, path)
 		for app, ps := range rec.Apps {
 			for _, p := range ps {
-				if !mine[p.PID] {
+				// Each process once: an agent killed while it took over
+				// from a dead one left a second record naming it.
+				if !mine[p.PID] && !slices.ContainsFunc(out, func(s survivor) bool { return s.p.PID == p.PID }) {
 					out = append(out, survivor{app: app, p: p, agentPID: rec.AgentPID})
 				}
 			}
