@@ -51,6 +51,9 @@ type agentRecord struct {
 	// Starting are the workers announced by beforeStart since the last
 	// record of what runs: found by their marker if the agent dies.
 	Starting []startingWorker `json:"starting,omitempty"`
+	// Ready are the workers (by pid) that got ready, recorded before
+	// anyone saw them ready (recordReady): Apps may not say so yet.
+	Ready map[int]time.Time `json:"ready,omitempty"`
 }
 
 // startingWorker is a worker about to start.
@@ -71,6 +74,7 @@ type recordBook struct {
 	mu       sync.Mutex
 	written  map[string][]workers.Process // the processes the record on disk names
 	starting []startingWorker
+	ready    map[int]time.Time // recordReady's, pruned to the pids written names
 }
 
 func (a *Agent) recordsDir() string { return filepath.Join(a.settings.StateDir, "agents") }
@@ -129,11 +133,44 @@ func (a *Agent) processes() map[string][]workers.Process {
 func (a *Agent) writeRecord(apps map[string][]workers.Process) error {
 	a.book.mu.Lock()
 	defer a.book.mu.Unlock()
+	for pid := range a.book.ready {
+		if !names(apps, pid) {
+			delete(a.book.ready, pid)
+		}
+	}
 	if err := a.putRecord(apps, nil); err != nil {
 		return err
 	}
 	a.book.written, a.book.starting = apps, nil
 	return nil
+}
+
+// names reports whether apps names pid.
+func names(apps map[string][]workers.Process, pid int) bool {
+	for _, ps := range apps {
+		for _, p := range ps {
+			if p.PID == pid {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// recordReady is workers.Options.OnReady: it writes the record with pid
+// ready before the worker is seen ready, so that if this agent dies the
+// next one adopts it ready (its readiness message was read here). Called
+// from a worker's reader: it must not call a supervisor.
+func (a *Agent) recordReady(pid int) {
+	a.book.mu.Lock()
+	defer a.book.mu.Unlock()
+	if a.book.ready == nil {
+		a.book.ready = map[int]time.Time{}
+	}
+	a.book.ready[pid] = time.Now()
+	if err := a.putRecord(a.book.written, a.book.starting); err != nil {
+		a.log.Warn("record a ready worker", "pid", pid, "error", err)
+	}
 }
 
 // beforeStart returns app's workers.Options.BeforeStart: it writes the
@@ -166,7 +203,7 @@ func (a *Agent) putRecord(apps map[string][]workers.Process, starting []starting
 	}
 	start, _ := handoff.StartTime(os.Getpid())
 	b, err := json.Marshal(agentRecord{AgentPID: os.Getpid(), AgentStart: start, Marker: a.marker,
-		Apps: apps, Starting: starting})
+		Apps: apps, Starting: starting, Ready: a.book.ready})
 	if err != nil {
 		return err
 	}
@@ -224,6 +261,9 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 				// Each process once: an agent killed while it took over
 				// from a dead one left a second record naming it.
 				if !mine[p.PID] && !slices.ContainsFunc(out, func(s survivor) bool { return s.p.PID == p.PID }) {
+					if t, ok := rec.Ready[p.PID]; ok && p.ReadyAt.IsZero() {
+						p.ReadyAt = t
+					}
 					out = append(out, survivor{app: app, p: p, agentPID: rec.AgentPID})
 				}
 			}

@@ -29,6 +29,7 @@ type spawnArgs struct {
 	// is its DEPLOYD_AGENT_ID (Options).
 	beforeStart func(slot int) error
 	marker      string
+	onReady     func(pid int)
 }
 
 // EnvAgentID names the worker's marker: the agent that started it
@@ -253,7 +254,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	if spec.Credential != nil {
 		uid = int(spec.Credential.Uid)
 	}
-	w.pz, w.notify = newPauser(pending), c.notify
+	w.pz, w.notify, w.onReady = newPauser(pending), c.notify, a.onReady
 	stopHealth := w.checkHealth(spec, c.healthAddr, a.healthFailed)
 	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup

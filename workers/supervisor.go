@@ -96,6 +96,11 @@ type Options struct {
 	// worker's DEPLOYD_AGENT_ID. See spawn.go.
 	BeforeStart func(slot int) error
 	Marker      string
+	// OnReady, when set, is called once a worker process is ready, before
+	// anyone can see it ready (from the goroutine that read its readiness:
+	// it must not call the supervisor): the agent records it, so that an
+	// agent killed right after adopts it ready (its READY=1 was read).
+	OnReady func(pid int)
 }
 
 // Supervisor keeps one app's workers running. Its state is owned by one
@@ -148,7 +153,7 @@ func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
 		notifyDir: s.opts.NotifyDir, log: s.log, healthFailed: &s.healthFailed,
-		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker,
+		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker, onReady: s.opts.OnReady,
 	}
 }
 

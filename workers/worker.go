@@ -56,11 +56,13 @@ type Worker struct {
 	// kept names the fd numbers at which the process holds copies of
 	// the agent's ends (handoff.Proc.Keep), for the agent that comes after
 	// a crash (TakeBack); nil when it holds none. Set before serve.
-	kept   map[string]int
-	notify *handoff.NotifySocket
-	tail   *logs.Tail
-	ready  chan struct{} // closed when ready
-	exited chan struct{} // closed after Wait and after output is drained
+	kept map[string]int
+	// onReady is Options.OnReady; set before serve.
+	onReady func(pid int)
+	notify  *handoff.NotifySocket
+	tail    *logs.Tail
+	ready   chan struct{} // closed when ready
+	exited  chan struct{} // closed after Wait and after output is drained
 
 	mu        sync.Mutex
 	state     State
@@ -110,6 +112,9 @@ func (w *Worker) markReady() {
 		}
 		w.readyAt = time.Now()
 		w.mu.Unlock()
+		if w.onReady != nil {
+			w.onReady(w.PID)
+		}
 		close(w.ready)
 	})
 }
