@@ -53,7 +53,13 @@ type agentRecord struct {
 	Starting []startingWorker `json:"starting,omitempty"`
 	// Ready are the workers (by pid) that got ready, recorded before
 	// anyone saw them ready (recordReady): Apps may not say so yet.
-	Ready map[int]time.Time `json:"ready,omitempty"`
+	Ready map[int]readyMark `json:"ready,omitempty"`
+}
+
+// readyMark is when a worker process (its pid, and start time) got ready.
+type readyMark struct {
+	At    time.Time `json:"at"`
+	Start uint64    `json:"start_time"`
 }
 
 // startingWorker is a worker about to start.
@@ -74,7 +80,7 @@ type recordBook struct {
 	mu       sync.Mutex
 	written  map[string][]workers.Process // the processes the record on disk names
 	starting []startingWorker
-	ready    map[int]time.Time // recordReady's, pruned to the pids written names
+	ready    map[int]readyMark // recordReady's, while their processes run
 }
 
 func (a *Agent) recordsDir() string { return filepath.Join(a.settings.StateDir, "agents") }
@@ -133,8 +139,10 @@ func (a *Agent) processes() map[string][]workers.Process {
 func (a *Agent) writeRecord(apps map[string][]workers.Process) error {
 	a.book.mu.Lock()
 	defer a.book.mu.Unlock()
-	for pid := range a.book.ready {
-		if !names(apps, pid) {
+	// Not pruned by apps: a snapshot taken before a worker started would
+	// drop the mark recordReady has just written for it.
+	for pid, m := range a.book.ready {
+		if !handoff.Running(pid, m.Start) {
 			delete(a.book.ready, pid)
 		}
 	}
@@ -145,29 +153,21 @@ func (a *Agent) writeRecord(apps map[string][]workers.Process) error {
 	return nil
 }
 
-// names reports whether apps names pid.
-func names(apps map[string][]workers.Process, pid int) bool {
-	for _, ps := range apps {
-		for _, p := range ps {
-			if p.PID == pid {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // recordReady is workers.Options.OnReady: it writes the record with pid
 // ready before the worker is seen ready, so that if this agent dies the
 // next one adopts it ready (its readiness message was read here). Called
 // from a worker's reader: it must not call a supervisor.
 func (a *Agent) recordReady(pid int) {
+	start, err := handoff.StartTime(pid)
+	if err != nil {
+		return // gone already
+	}
 	a.book.mu.Lock()
 	defer a.book.mu.Unlock()
 	if a.book.ready == nil {
-		a.book.ready = map[int]time.Time{}
+		a.book.ready = map[int]readyMark{}
 	}
-	a.book.ready[pid] = time.Now()
+	a.book.ready[pid] = readyMark{At: time.Now(), Start: start}
 	if err := a.putRecord(a.book.written, a.book.starting); err != nil {
 		a.log.Warn("record a ready worker", "pid", pid, "error", err)
 	}
@@ -261,8 +261,8 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 				// Each process once: an agent killed while it took over
 				// from a dead one left a second record naming it.
 				if !mine[p.PID] && !slices.ContainsFunc(out, func(s survivor) bool { return s.p.PID == p.PID }) {
-					if t, ok := rec.Ready[p.PID]; ok && p.ReadyAt.IsZero() {
-						p.ReadyAt = t
+					if m, ok := rec.Ready[p.PID]; ok && m.Start == p.StartTime && p.ReadyAt.IsZero() {
+						p.ReadyAt = m.At
 					}
 					out = append(out, survivor{app: app, p: p, agentPID: rec.AgentPID})
 				}
