@@ -206,11 +206,18 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 	g.Add(func() error { a.statusUpdates(stopStatus); return nil }, func(error) { close(stopStatus) })
 	stopRec := make(chan struct{})
 	g.Add(func() error {
-		select {
-		case <-a.ready:
-			a.recorder(stopRec)
-		case <-stopRec:
+		// From the start, so that an agent killed while its workers get
+		// ready leaves a record naming them (the next agent adopts them);
+		// after an upgrade only once ready: until then the previous agent,
+		// still alive, records the workers it handed over.
+		if a.upg.HasParent() {
+			select {
+			case <-a.ready:
+			case <-stopRec:
+				return nil
+			}
 		}
+		a.recorder(stopRec)
 		return nil
 	}, func(error) { close(stopRec) })
 	stopLoop := make(chan struct{})

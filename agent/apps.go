@@ -199,7 +199,7 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 	}
 	rt.sup = workers.New(workers.Options{
 		App: app.Name, Shim: a.shim, Out: rt.out, Err: rt.err, Logger: a.log.Named("workers"),
-		BeforeStart: a.beforeStart(app.Name), Marker: a.marker,
+		BeforeStart: a.beforeStart(app.Name), Marker: a.marker, OnReady: a.recordReady,
 		Changed:   a.processesChanged,
 		NotifyDir: filepath.Join(a.settings.StateDir, "run", "notify"),
 	}, spec)

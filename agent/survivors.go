@@ -22,8 +22,12 @@ import (
 // across a handoff), so an agent that dies without one (SIGKILL, a crash)
 // leaves them running. Every agent therefore records the worker processes
 // it runs in state_dir/agents/<pid>.json; an agent that starts finds the
-// records of agents that are gone and retires their survivors once its own
-// workers are ready. A clean exit removes the record.
+// records of agents that are gone and adopts their survivors as an upgrade
+// would have handed them over (adoptSurvivors): each worker keeps copies of
+// the agent's ends of its channels (handoff/keep.go), which the new agent
+// copies back out of it. Those it cannot adopt (gone, pid reused, no kept
+// channels, an app removed or changed) it retires once its own workers are
+// ready. A clean exit removes the record.
 //
 // The record is written before each worker starts (beforeStart), and a
 // start it cannot write (state_dir full) is refused. Every worker also
@@ -47,6 +51,15 @@ type agentRecord struct {
 	// Starting are the workers announced by beforeStart since the last
 	// record of what runs: found by their marker if the agent dies.
 	Starting []startingWorker `json:"starting,omitempty"`
+	// Ready are the workers (by pid) that got ready, recorded before
+	// anyone saw them ready (recordReady): Apps may not say so yet.
+	Ready map[int]readyMark `json:"ready,omitempty"`
+}
+
+// readyMark is when a worker process (its pid, and start time) got ready.
+type readyMark struct {
+	At    time.Time `json:"at"`
+	Start uint64    `json:"start_time"`
 }
 
 // startingWorker is a worker about to start.
@@ -67,6 +80,7 @@ type recordBook struct {
 	mu       sync.Mutex
 	written  map[string][]workers.Process // the processes the record on disk names
 	starting []startingWorker
+	ready    map[int]readyMark // recordReady's, while their processes run
 }
 
 func (a *Agent) recordsDir() string { return filepath.Join(a.settings.StateDir, "agents") }
@@ -125,11 +139,38 @@ func (a *Agent) processes() map[string][]workers.Process {
 func (a *Agent) writeRecord(apps map[string][]workers.Process) error {
 	a.book.mu.Lock()
 	defer a.book.mu.Unlock()
+	// Not pruned by apps: a snapshot taken before a worker started would
+	// drop the mark recordReady has just written for it.
+	for pid, m := range a.book.ready {
+		if !handoff.Running(pid, m.Start) {
+			delete(a.book.ready, pid)
+		}
+	}
 	if err := a.putRecord(apps, nil); err != nil {
 		return err
 	}
 	a.book.written, a.book.starting = apps, nil
 	return nil
+}
+
+// recordReady is workers.Options.OnReady: it writes the record with pid
+// ready before the worker is seen ready, so that if this agent dies the
+// next one adopts it ready (its readiness message was read here). Called
+// from a worker's reader: it must not call a supervisor.
+func (a *Agent) recordReady(pid int) {
+	start, err := handoff.StartTime(pid)
+	if err != nil {
+		return // gone already
+	}
+	a.book.mu.Lock()
+	defer a.book.mu.Unlock()
+	if a.book.ready == nil {
+		a.book.ready = map[int]readyMark{}
+	}
+	a.book.ready[pid] = readyMark{At: time.Now(), Start: start}
+	if err := a.putRecord(a.book.written, a.book.starting); err != nil {
+		a.log.Warn("record a ready worker", "pid", pid, "error", err)
+	}
 }
 
 // beforeStart returns app's workers.Options.BeforeStart: it writes the
@@ -162,7 +203,7 @@ func (a *Agent) putRecord(apps map[string][]workers.Process, starting []starting
 	}
 	start, _ := handoff.StartTime(os.Getpid())
 	b, err := json.Marshal(agentRecord{AgentPID: os.Getpid(), AgentStart: start, Marker: a.marker,
-		Apps: apps, Starting: starting})
+		Apps: apps, Starting: starting, Ready: a.book.ready})
 	if err != nil {
 		return err
 	}
@@ -217,7 +258,12 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 		records = append(records, path)
 		for app, ps := range rec.Apps {
 			for _, p := range ps {
-				if !mine[p.PID] {
+				// Each process once: an agent killed while it took over
+				// from a dead one left a second record naming it.
+				if !mine[p.PID] && !slices.ContainsFunc(out, func(s survivor) bool { return s.p.PID == p.PID }) {
+					if m, ok := rec.Ready[p.PID]; ok && m.Start == p.StartTime && p.ReadyAt.IsZero() {
+						p.ReadyAt = m.At
+					}
 					out = append(out, survivor{app: app, p: p, agentPID: rec.AgentPID})
 				}
 			}
@@ -338,4 +384,39 @@ func (a *Agent) retireLater() {
 	if err == nil {
 		a.retire(a.survivors())
 	}
+}
+
+// adoptSurvivors takes back (workers.TakeBack) every recorded survivor that
+// still holds its channels, as the handover of an agent upgrade would have
+// described it: startApps adopts them (same pids, no signal) into the apps
+// whose spec they still match, and the rest are stopped once this agent
+// serves. What cannot be taken back (pid gone or reused, an agent that kept
+// nothing, a stray) stays in found, retired as before, and the log says why.
+func (a *Agent) adoptSurvivors() *received {
+	r := &received{byApp: map[string][]*workers.Handover{}, pools: map[string]*workers.PoolHandover{},
+		unhealthy: map[string]bool{}}
+	var left []survivor
+	for _, s := range a.found {
+		if s.stray {
+			left = append(left, s)
+			continue
+		}
+		h, err := workers.TakeBack(s.p)
+		if err != nil {
+			a.log.Warn("worker left by an agent that died cannot be adopted; it will be retired", "app", s.app,
+				"worker", s.p.Slot, "pid", s.p.PID, "agent_pid", s.agentPID, "error", err)
+			left = append(left, s)
+			continue
+		}
+		a.log.Info("taking over a worker left by an agent that died", "app", s.app, "worker", s.p.Slot,
+			"pid", s.p.PID, "agent_pid", s.agentPID)
+		r.byApp[s.app] = append(r.byApp[s.app], h)
+	}
+	// The newest generation first: a slot's replacement rather than the
+	// worker it was replacing when the agent died (the other is stopped).
+	for _, hs := range r.byApp {
+		slices.SortStableFunc(hs, func(x, y *workers.Handover) int { return y.Generation - x.Generation })
+	}
+	a.found = left
+	return r
 }

@@ -207,8 +207,17 @@ func shutdownCommand() *cli.Command {
 			"`deployd agent` can start right after), up to --timeout.",
 		Flags: clientFlags(
 			&cli.DurationFlag{Name: "timeout", Value: 2 * time.Minute, Usage: "wait at most `D` for the agent to exit"},
-			&cli.BoolFlag{Name: "no-wait", Usage: "return once the agent has the request"}),
+			&cli.BoolFlag{Name: "no-wait", Usage: "return once the agent has the request"},
+			&cli.StringFlag{Name: "main-pid", Usage: "systemd's $MAINPID (the unit's ExecStop=): when it is " +
+				"empty the agent died, and nothing is stopped: the next agent adopts its workers"}),
 		Action: func(c *cli.Context) error {
+			if c.IsSet("main-pid") && strings.TrimSpace(c.String("main-pid")) == "" {
+				// systemd runs ExecStop= also after the main process died
+				// on its own, with $MAINPID unset; then another agent (one
+				// an upgrade had started) must not be stopped.
+				fmt.Fprintln(c.App.ErrWriter, "no agent to stop: the unit's main process is gone")
+				return nil
+			}
 			cl := client(c)
 			v, _ := cl.Version(ctx(c))
 			if err := cl.Shutdown(ctx(c)); err != nil {

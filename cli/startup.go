@@ -27,8 +27,9 @@ func startupCommand() *cli.Command {
 			Description: "Writes NAME.service into --unit-dir: Type=notify (the agent sends READY=1 once its\n" +
 				"workers are ready, STATUS= while it runs, STOPPING=1 when it stops), ExecReload sends\n" +
 				"SIGHUP (the agent hands every socket to a new agent; NotifyAccess=all lets that new\n" +
-				"agent report its pid with MAINPID=), KillMode=mixed so that a stop reaches the agent\n" +
-				"alone and it drains its workers, and TimeoutStopSec/TimeoutStartSec that cover the\n" +
+				"agent report its pid with MAINPID=), KillMode=process so that a stop reaches the\n" +
+				"agent alone and it drains its workers, and a dead agent's workers keep serving until\n" +
+				"Restart= brings the next agent, which adopts them, and TimeoutStopSec/TimeoutStartSec that cover the\n" +
 				"apps' stop_timeout and ready_timeout.\n" +
 				"With --socket-unit it also writes one NAME-APP[-FDNAME].socket per app (and listen\n" +
 				"#name) holding that app's tcp and unix listen addresses: systemd keeps them open while\n" +
@@ -141,15 +142,20 @@ func SystemdUnits(cfg *config.Config, bin, name string, sockets bool) ([]Unit, e
 	b.WriteString("NotifyAccess=all\n")
 	fmt.Fprintf(&b, "ExecStart=%s agent -c %s\n", execArg(bin), execArg(cfg.Path))
 	b.WriteString("ExecReload=/bin/kill -HUP $MAINPID\n")
+	b.WriteString("# The stop waits until the agent has stopped every worker and exited: with\n" +
+		"# KillMode=process systemd would not wait for a main pid that is not its child (an\n" +
+		"# agent started by an upgrade). After a crash $MAINPID is unset and it does nothing.\n")
+	fmt.Fprintf(&b, "ExecStop=%s shutdown -c %s --main-pid=${MAINPID} --timeout %ds\n", execArg(bin), execArg(cfg.Path),
+		unitSeconds(maxStop))
 	if cfg.Agent.PIDFile != "" {
 		fmt.Fprintf(&b, "PIDFile=%s\n", escapeSpecifiers(cfg.Agent.PIDFile))
 	}
-	b.WriteString("# mixed: a stop sends SIGTERM to the agent alone, which stops each app's workers with\n" +
-		"# its stop_signal and stop_timeout and exits once they are gone. The default\n" +
-		"# (control-group) would SIGTERM every worker at once, bypassing stop_signal and the\n" +
-		"# agent's order. SIGKILL reaches whatever is left when the agent has exited, or\n" +
-		"# everything after TimeoutStopSec.\n")
-	b.WriteString("KillMode=mixed\n")
+	b.WriteString("# process: a stop sends SIGTERM to the agent alone, which stops each app's workers\n" +
+		"# with its stop_signal and stop_timeout and exits once they are gone. If the agent\n" +
+		"# dies (SIGKILL, crash), systemd leaves its workers alone and they keep serving;\n" +
+		"# Restart= starts the next agent, which adopts them. The default (control-group)\n" +
+		"# would SIGTERM every worker at once, and mixed SIGKILLs them all when the agent dies.\n")
+	b.WriteString("KillMode=process\n")
 	fmt.Fprintf(&b, "# Longest ready_timeout (%s) and stop_timeout (%s) of the apps, plus a margin.\n", maxReady, maxStop)
 	fmt.Fprintf(&b, "TimeoutStartSec=%d\nTimeoutStopSec=%d\n", unitSeconds(maxReady), unitSeconds(maxStop))
 	b.WriteString("Restart=on-failure\nRestartSec=1\n")

@@ -45,7 +45,10 @@ type Proc struct {
 	Extra []*os.File
 	// Fixed files get exactly the fd number At (above the ones before:
 	// the node integration's channel and listener copies at fd 50+).
-	Fixed      []FixedFile
+	Fixed []FixedFile
+	// Keep are the agent's ends that the worker holds for the next agent
+	// should this one die (keep.go): fds KeepFD, KeepFD+1, ...
+	Keep       []*os.File
 	Credential *syscall.Credential
 	// Pin pins the worker to CPU (the shim sets the affinity before it
 	// execs the app).
@@ -100,7 +103,15 @@ func Start(p Proc) (*os.Process, error) {
 		}
 		files = append(files, fd)
 	}
-	if files, err = placeFixed(files, p.Fixed); err != nil {
+	fixed := p.Fixed
+	for i, f := range p.Keep {
+		fd, err := rawFd(f)
+		if err != nil {
+			return nil, err
+		}
+		fixed = append(fixed, FixedFile{At: KeepFD + i, Fd: fd})
+	}
+	if files, err = placeFixed(files, fixed); err != nil {
 		return nil, err
 	}
 	env := append(without(p.Env, startVar),
@@ -128,6 +139,7 @@ func Start(p Proc) (*os.Process, error) {
 	runtime.KeepAlive(p.Listeners)
 	runtime.KeepAlive(p.Extra)
 	runtime.KeepAlive(p.Health)
+	runtime.KeepAlive(p.Keep)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", p.Argv[0], err)
 	}

@@ -289,11 +289,20 @@ func TestCanaryDeployHoldDiesWithTheAgent(t *testing.T) {
 		t.Fatal("agent still running 10s after SIGKILL")
 	}
 	a.Start()
-	a.WaitFor("the next agent ready on one release", 30*time.Second, func(st *api.Status) bool {
+	st := a.WaitFor("the next agent ready on one release", 30*time.Second, func(st *api.Status) bool {
 		w := appOf(st, "web")
 		return AllReady(st, "web", 2) && len(w.Workers) == 2 && w.Workers[0].Release == w.Workers[1].Release
 	})
-	waitAllGone(t, old, 15*time.Second) // the killed agent's workers, canary too, retire
+	// The killed agent's 1.0.0 worker is adopted; the canary (2.0.0) is
+	// retired, replaced by a 1.0.0 worker.
+	kept := allWorkerPIDs(st)
+	for pid := range kept {
+		delete(old, pid)
+	}
+	if len(old) == 0 {
+		t.Errorf("the canary worker was adopted: workers %v", keys(kept))
+	}
+	waitAllGone(t, old, 15*time.Second)
 	requireVersion(t, a, port, "1.0.0")
 	if app := a.App("web"); app.State != "running" || app.Canary != nil {
 		t.Errorf("after the agent restart: state %q, canary %+v", app.State, app.Canary)

@@ -82,7 +82,8 @@ func TestSystemdStartupUnitsPassVerify(t *testing.T) {
 	svc := readUnit(t, dir, "deployd.service")
 	requireLines(t, "deployd.service", svc,
 		"Type=notify", "NotifyAccess=all", "ExecStart="+bin+" agent -c "+a.Config,
-		"ExecReload=/bin/kill -HUP $MAINPID", "KillMode=mixed", "TimeoutStopSec=150", "Restart=on-failure",
+		"ExecReload=/bin/kill -HUP $MAINPID", "KillMode=process",
+		"ExecStop="+bin+" shutdown -c "+a.Config+" --main-pid=${MAINPID} --timeout 150s", "TimeoutStopSec=150", "Restart=on-failure",
 		"PIDFile="+filepath.Join(a.Dir, "deployd.pid"), "WantedBy=multi-user.target",
 		"Sockets=deployd-web.socket", "Requires=deployd-web.socket", "After=deployd-web.socket",
 		"Sockets=deployd-web-admin.socket", "Sockets=deployd-api.socket")

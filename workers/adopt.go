@@ -344,7 +344,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 	w := &Worker{
 		Slot: h.Slot, PID: h.PID, Release: h.Release, Generation: h.Generation, Started: h.Started,
 		spec: spec, pidfd: pfd, startTime: h.StartTime, tail: logs.NewTail(tailLines),
-		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, status: h.Status,
+		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, status: h.Status, kept: h.Kept,
 		// The watchdog counts from the adoption: the handoff paused the
 		// reading of its WATCHDOG=1 messages.
 		watchdog: time.Now(),

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,6 +43,9 @@ type Handover struct {
 	Pending map[string][]byte `json:"pending,omitempty"`
 	// Streams names the files that cross with it, in order.
 	Streams []string `json:"streams"`
+	// Kept are the fd numbers at which the process holds copies of the
+	// agent's ends, for an agent that comes after a crash (TakeBack).
+	Kept map[string]int `json:"kept,omitempty"`
 
 	files map[string]*os.File
 }
@@ -95,8 +99,8 @@ func (s *Spec) Identity() string {
 		Groups              []uint32
 		Listeners           []lis
 		Node, Indirect, Pin bool
-	}{Release: s.Release, Dir: s.Dir, Ready: string(s.Ready.Mode), Argv: s.Argv, Env: slices.Clone(s.Env),
-		UID: -1, GID: -1, Pin: s.CPUAffinity}
+	}{Release: s.Release, Dir: s.Dir, Ready: string(s.Ready.Mode), Argv: s.Argv,
+		Env: slices.DeleteFunc(slices.Clone(s.Env), perInvocation), UID: -1, GID: -1, Pin: s.CPUAffinity}
 	sort.Strings(id.Env)
 	if c := s.Credential; c != nil {
 		id.UID, id.GID, id.Groups = int64(c.Uid), int64(c.Gid), c.Groups
@@ -110,6 +114,19 @@ func (s *Spec) Identity() string {
 	b, _ := json.Marshal(id)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
+}
+
+// perInvocation reports whether kv is a variable that systemd sets anew
+// for each start of the agent's unit (its invocation, its stdout stream, the
+// pid it started): workers inherit them, but an agent that Restart= brought
+// after a crash has other values, and its workers are no other for that.
+func perInvocation(kv string) bool {
+	k, _, _ := strings.Cut(kv, "=")
+	switch k {
+	case "INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID", "MANAGERPID", "MAINPID":
+		return true
+	}
+	return false
 }
 
 // PoolHandover is the state of an app's pool that crosses an agent upgrade
@@ -266,7 +283,7 @@ func (w *Worker) describe() *Handover {
 	h := &Handover{Slot: w.Slot, PID: w.PID, StartTime: w.startTime, Generation: w.Generation,
 		Release: w.Release, Identity: w.spec.Identity(), Started: w.Started, ReadyAt: w.readyAt,
 		Status: w.status, StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Pending: pending,
-		files: map[string]*os.File{"notify": nf}}
+		Kept: w.kept, files: map[string]*os.File{"notify": nf}}
 	w.mu.Unlock()
 	h.Streams = append(h.Streams, "notify")
 	for _, name := range []string{"out", "err", "ipc", "node"} {

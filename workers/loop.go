@@ -142,7 +142,7 @@ func (s *Supervisor) changeStateTo(st *state, e Event, change func()) Event {
 		"ms", e.Millis, "message", e.Message)
 	st.publish(e)
 	switch e.Type {
-	case EventStarted, EventRestart, EventExited, EventCrash:
+	case EventStarted, EventRestart, EventExited, EventCrash, EventReady:
 		if s.opts.Changed != nil {
 			s.opts.Changed()
 		}

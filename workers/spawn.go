@@ -29,6 +29,7 @@ type spawnArgs struct {
 	// is its DEPLOYD_AGENT_ID (Options).
 	beforeStart func(slot int) error
 	marker      string
+	onReady     func(pid int)
 }
 
 // EnvAgentID names the worker's marker: the agent that started it
@@ -52,6 +53,35 @@ type channels struct {
 	// (nil without health checks); healthAddr the agent probes.
 	health     *os.File
 	healthAddr string
+	// notifyCopy is the copy of the notify socket the worker keeps (keep);
+	// closed once the worker started.
+	notifyCopy *os.File
+}
+
+// keep lists the agent's ends the worker holds for the agent that comes
+// after a crash (handoff.KeepFD), and their fd numbers in the worker, in
+// the order of Handover streams. An end it cannot copy is not kept: that
+// worker is then retired, not adopted, after a crash.
+func (c *channels) keep() ([]*os.File, map[string]int) {
+	var fs []*os.File
+	kept := map[string]int{}
+	add := func(name string, f *os.File) {
+		kept[name] = handoff.KeepFD + len(fs)
+		fs = append(fs, f)
+	}
+	if f, err := c.notify.File(); err == nil {
+		c.notifyCopy = f
+		add("notify", f)
+	}
+	add("out", c.outR)
+	add("err", c.errR)
+	if c.ipc != nil {
+		add("ipc", c.ipc.Parent)
+	}
+	if c.node != nil {
+		add("node", c.node.ch.Parent)
+	}
+	return fs, kept
 }
 
 // openChannels opens the notify socket, the output pipes and, for
@@ -72,6 +102,12 @@ func openChannels(a spawnArgs, spec *Spec) (*channels, error) {
 	}
 	if c.outR, c.outW, err = os.Pipe(); err == nil {
 		c.errR, c.errW, err = os.Pipe()
+	}
+	if err == nil {
+		// What the worker can write while no agent reads (after a crash);
+		// the default size where the system allows less.
+		_, _ = handoff.EnlargePipe(c.outW)
+		_, _ = handoff.EnlargePipe(c.errW)
 	}
 	if err == nil && spec.Ready.Mode == ReadyNodeIPC {
 		c.ipc, err = handoff.NewIPCChannel()
@@ -184,12 +220,16 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		}
 		env, fixed = c.node.env, c.node.fixed
 	}
+	keep, kept := c.keep()
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
 		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Health: c.health, Extra: extra, Fixed: fixed,
-		Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
+		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
 	})
 	c.closeChild()
+	if f := c.notifyCopy; f != nil {
+		f.Close()
+	}
 	if err != nil {
 		c.closeParent()
 		return nil, err
@@ -200,7 +240,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	w := &Worker{
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
 		Started: time.Now(), spec: spec, proc: proc, startTime: start, tail: logs.NewTail(tailLines),
-		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting,
+		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, kept: kept,
 	}
 	w.serve(a, spec, c, nil)
 	return w, nil
@@ -214,7 +254,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	if spec.Credential != nil {
 		uid = int(spec.Credential.Uid)
 	}
-	w.pz, w.notify = newPauser(pending), c.notify
+	w.pz, w.notify, w.onReady = newPauser(pending), c.notify, a.onReady
 	stopHealth := w.checkHealth(spec, c.healthAddr, a.healthFailed)
 	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup

@@ -84,8 +84,9 @@ type Options struct {
 	Out, Err *logs.Sink
 	Logger   hclog.Logger
 	// Changed, when set, is called (from the supervisor's loop: it must not
-	// block) whenever a worker process starts or ends: the agent then
-	// rewrites its record of the processes it runs.
+	// block) whenever a worker process starts, gets ready or ends: the
+	// agent then rewrites its record of the processes it runs (a worker
+	// recorded ready is adopted ready after an agent crash).
 	Changed func()
 	// NotifyDir is the folder of the workers' NOTIFY_SOCKET paths, one
 	// private folder per worker inside; "" gives abstract sockets.
@@ -96,6 +97,11 @@ type Options struct {
 	// worker's DEPLOYD_AGENT_ID. See spawn.go.
 	BeforeStart func(slot int) error
 	Marker      string
+	// OnReady, when set, is called once a worker process is ready, before
+	// anyone can see it ready (from the goroutine that read its readiness:
+	// it must not call the supervisor): the agent records it, so that an
+	// agent killed right after adopts it ready (its READY=1 was read).
+	OnReady func(pid int)
 }
 
 // Supervisor keeps one app's workers running. Its state is owned by one
@@ -148,7 +154,7 @@ func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
 		notifyDir: s.opts.NotifyDir, log: s.log, healthFailed: &s.healthFailed,
-		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker,
+		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker, onReady: s.opts.OnReady,
 	}
 }
 

@@ -2,6 +2,8 @@ package workers
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"syscall"
 	"time"
 
@@ -9,8 +11,8 @@ import (
 )
 
 // Process identifies one worker process for the agent's survivor records:
-// what a later agent needs to retire it if this one dies without a
-// handoff (SIGKILL, crash).
+// what a later agent needs to adopt it (TakeBack) or retire it if this one
+// dies without a handoff (SIGKILL, crash).
 type Process struct {
 	Slot        int            `json:"slot"`
 	PID         int            `json:"pid"`
@@ -19,6 +21,15 @@ type Process struct {
 	StopTimeout time.Duration  `json:"stop_timeout"`
 	// Listen are its listening sockets: network and address as configured.
 	Listen []Listen `json:"listen,omitempty"`
+	// Kept are the fd numbers at which the process holds copies of the
+	// agent's ends (handoff.KeepFD), by stream; none: it cannot be adopted.
+	Kept map[string]int `json:"kept,omitempty"`
+	// What its Handover would say, for the agent that adopts it.
+	Identity   string    `json:"identity,omitempty"`
+	Release    string    `json:"release,omitempty"`
+	Generation int       `json:"generation,omitempty"`
+	Started    time.Time `json:"started,omitzero"`
+	ReadyAt    time.Time `json:"ready_at,omitzero"`
 }
 
 // Listen is one listening socket of a worker.
@@ -37,7 +48,11 @@ func (s *Supervisor) Processes() []Process {
 				continue
 			}
 			p := Process{Slot: w.Slot, PID: w.PID, StartTime: w.startTime,
-				StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout}
+				StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Kept: w.kept,
+				Identity: w.spec.Identity(), Release: w.Release, Generation: w.Generation, Started: w.Started}
+			w.mu.Lock()
+			p.ReadyAt = w.readyAt
+			w.mu.Unlock()
 			for _, l := range w.spec.Listeners {
 				p.Listen = append(p.Listen, Listen{l.Network, l.Address})
 			}
@@ -79,4 +94,47 @@ func Retire(p Process) error {
 		return err
 	}
 	return nil
+}
+
+// ErrNotKept means a survivor cannot be adopted: it holds none of the
+// agent's ends (started by an agent that did not keep them), or not all.
+var ErrNotKept = errors.New("workers: the worker does not hold its channels for the next agent")
+
+// TakeBack describes a worker that a dead agent left running (p, from that
+// agent's record) as a Handover that Adopt takes, the way an agent upgrade
+// hands a worker over: it checks through a pidfd that p.PID is still the
+// recorded process and copies out of it (pidfd_getfd) the agent's ends it
+// keeps (handoff.KeepFD): its notify socket and the read ends of its output
+// pipes, where its output waited since the agent died, and its node-ipc
+// channel. The error says why it cannot be adopted (then retire it).
+func TakeBack(p Process) (*Handover, error) {
+	if len(p.Kept) == 0 || p.Identity == "" {
+		return nil, ErrNotKept
+	}
+	pfd, err := handoff.OpenPidfd(p.PID, p.StartTime)
+	if err != nil {
+		return nil, err
+	}
+	defer pfd.Close()
+	h := &Handover{Slot: p.Slot, PID: p.PID, StartTime: p.StartTime, Generation: p.Generation,
+		Release: p.Release, Identity: p.Identity, Started: p.Started, ReadyAt: p.ReadyAt,
+		StopSignal: p.StopSignal, StopTimeout: p.StopTimeout, Kept: p.Kept, files: map[string]*os.File{}}
+	for _, name := range []string{"notify", "out", "err", "ipc", "node"} {
+		n, ok := p.Kept[name]
+		if !ok {
+			continue
+		}
+		f, err := pfd.GetFd(n, name)
+		if err == nil && (name == "out" || name == "err") && !handoff.IsPipeReadEnd(f) {
+			f.Close()
+			err = fmt.Errorf("fd %d is not the read end of a pipe", n)
+		}
+		if err != nil {
+			h.closeFiles(true)
+			return nil, fmt.Errorf("pid %d: its %s channel: %w: %w", p.PID, name, ErrNotKept, err)
+		}
+		h.files[name] = f
+		h.Streams = append(h.Streams, name)
+	}
+	return h, nil
 }

@@ -51,12 +51,18 @@ type Worker struct {
 	// pz pauses the readers of the worker's channels for a handoff; ends
 	// are the agent's ends that a handoff passes (out, err, ipc, node), and
 	// notify its notify socket.
-	pz     *pauser
-	ends   map[string]*os.File
-	notify *handoff.NotifySocket
-	tail   *logs.Tail
-	ready  chan struct{} // closed when ready
-	exited chan struct{} // closed after Wait and after output is drained
+	pz   *pauser
+	ends map[string]*os.File
+	// kept names the fd numbers at which the process holds copies of
+	// the agent's ends (handoff.Proc.Keep), for the agent that comes after
+	// a crash (TakeBack); nil when it holds none. Set before serve.
+	kept map[string]int
+	// onReady is Options.OnReady; set before serve.
+	onReady func(pid int)
+	notify  *handoff.NotifySocket
+	tail    *logs.Tail
+	ready   chan struct{} // closed when ready
+	exited  chan struct{} // closed after Wait and after output is drained
 
 	mu        sync.Mutex
 	state     State
@@ -108,6 +114,9 @@ func (w *Worker) markReady() {
 		}
 		w.readyAt = time.Now()
 		w.mu.Unlock()
+		if w.onReady != nil {
+			w.onReady(w.PID)
+		}
 		close(w.ready)
 	})
 }
