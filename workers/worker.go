@@ -108,15 +108,17 @@ func (w *Worker) setState(s State) {
 // markReady records readiness once.
 func (w *Worker) markReady() {
 	w.readyOnce.Do(func() {
+		// Recorded first: status reads the state, and an agent killed after
+		// status showed a worker ready must leave it recorded ready.
+		if w.onReady != nil {
+			w.onReady(w.PID)
+		}
 		w.mu.Lock()
 		if w.state == Starting {
 			w.state = Ready
 		}
 		w.readyAt = time.Now()
 		w.mu.Unlock()
-		if w.onReady != nil {
-			w.onReady(w.PID)
-		}
 		close(w.ready)
 	})
 }
