@@ -83,11 +83,15 @@ function renderApps() {
   for (const [name, s] of sections) {
     if (!S.apps.has(name)) { s.root.remove(); sections.delete(name); }
   }
+  let prev = $("noapps");
   for (const name of S.order) {
     const a = S.apps.get(name);
     if (!a) continue;
     const s = section(name);
-    box.appendChild(s.root); // keeps the agent's order
+    // The agent's order; a section is moved only when out of place
+    // (moving it would reset its log's scroll position).
+    if (prev.nextSibling !== s.root) box.insertBefore(s.root, prev.nextSibling);
+    prev = s.root;
     renderApp(a, s);
   }
 }
@@ -132,6 +136,17 @@ function renderApp(a, s) {
   s.workers.replaceChildren(...cards);
 }
 
+// plotWindow is the time every plot spans: since the oldest sample, at
+// least a minute, at most the history the dashboard keeps.
+function plotWindow() {
+  let oldest = Infinity, newest = 0;
+  for (const arr of S.samples.values()) {
+    if (arr.length) { oldest = Math.min(oldest, arr[0].t); newest = Math.max(newest, arr[arr.length - 1].t); }
+  }
+  const span = isFinite(oldest) ? newest - oldest : 0;
+  return Math.min(Math.max(span, 60000), 300 * S.poll);
+}
+
 function workerCard(a, w, now) {
   const card = el("div", "worker w-" + w.state);
   card.dataset.pid = w.pid;
@@ -145,7 +160,7 @@ function workerCard(a, w, now) {
   if (w.status && w.state !== "ready") meta += " · " + w.status;
   if (w.health_error) meta += " · health: " + w.health_error;
   const samples = S.samples.get(String(w.pid)) || [];
-  const window = 300 * S.poll;
+  const window = plotWindow();
   const last = samples.length ? samples[samples.length - 1] : { c: w.cpu_percent, r: w.rss_bytes };
   let cmax = 5, rmin = Infinity, rmax = 0;
   for (const s of samples) { cmax = Math.max(cmax, s.c); rmin = Math.min(rmin, s.r); rmax = Math.max(rmax, s.r); }
@@ -177,20 +192,23 @@ function addEvents(evs, initial) {
 }
 
 function addLogs(lines) {
-  const touched = new Set();
+  // Whether each log box was scrolled to its end is read before the lines
+  // go in: a box at its end follows the new lines, one scrolled up stays.
+  const stick = new Map();
   for (const l of lines) {
     const s = sections.get(l.app);
     if (!s) continue;
-    const stick = s.log.scrollTop + s.log.clientHeight >= s.log.scrollHeight - 4;
+    if (!stick.has(s)) stick.set(s, s.log.scrollTop + s.log.clientHeight >= s.log.scrollHeight - 4);
     const d = el("div", "ll s-" + l.s);
     d.dataset.stream = l.s;
     if (l.s !== "skip") d.append(el("span", "tag", l.s));
     d.append(document.createTextNode(l.line));
     s.log.appendChild(d);
-    while (s.log.childNodes.length > MAX_LOG) s.log.removeChild(s.log.firstChild);
-    if (stick) touched.add(s);
   }
-  for (const s of touched) s.log.scrollTop = s.log.scrollHeight;
+  for (const [s, end] of stick) {
+    while (s.log.childNodes.length > MAX_LOG) s.log.removeChild(s.log.firstChild);
+    if (end) s.log.scrollTop = s.log.scrollHeight;
+  }
 }
 
 function setAgent(agent, error) {
