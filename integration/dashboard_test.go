@@ -30,7 +30,8 @@ const pageLag = 1500 * time.Millisecond
 // the page loads without a console error, shows the workers status --json
 // shows, follows a reload from the CLI (new pids, the timeline), a crash and
 // its restart, and log lines of both streams as they are written; a
-// missing or wrong token gets 403.
+// missing or wrong token gets 403; a user outside the privilege table gets
+// no dashboard.
 func TestDashboardInBrowser(t *testing.T) {
 	browser := chromiumPath(t)
 	port := FreePort(t)
@@ -44,6 +45,19 @@ func TestDashboardInBrowser(t *testing.T) {
 		if code := httpCode(t, u); code != http.StatusForbidden {
 			t.Errorf("GET %s: %d, want 403", u, code)
 		}
+	}
+
+	if os.Getuid() == 0 {
+		// A user outside the privilege table (not the agent's uid, not in
+		// its socket_group) gets no dashboard: the command fails before it
+		// serves anything.
+		a.CallTimeout = 30 * time.Second
+		r := a.CLIAs(&syscall.Credential{Uid: 65534, Gid: 65534}, "dashboard", "--no-open")
+		a.CallTimeout = 0
+		if r.Code == 0 || strings.Contains(r.Stdout, "http://") {
+			t.Errorf("dashboard as nobody: exit %d, stdout %q, want a failure and no URL", r.Code, r.Stdout)
+		}
+		t.Logf("dashboard as nobody: exit %d: %s", r.Code, strings.TrimSpace(r.Stderr))
 	}
 
 	b := newBrowser(t, browser)
