@@ -37,6 +37,7 @@ type rawApp struct {
 	User         toml.Primitive `toml:"user"`
 	Group        toml.Primitive `toml:"group"`
 	Watchdog     toml.Primitive `toml:"watchdog"`
+	RecycleAfter toml.Primitive `toml:"recycle_after"`
 	Logs         toml.Primitive `toml:"logs"`
 	Node         toml.Primitive `toml:"node"`
 	Health       toml.Primitive `toml:"health"`
@@ -163,6 +164,10 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	a.User = d.account(raw.User, k("user"), false)
 	a.Group = d.account(raw.Group, k("group"), true)
 	d.duration(raw.Watchdog, k("watchdog"), &a.Watchdog, true)
+	d.duration(raw.RecycleAfter, k("recycle_after"), &a.RecycleAfter, true)
+	if a.RecycleAfter > 0 && a.RecycleAfter < time.Second {
+		d.fail(k("recycle_after"), a.RecycleAfter.String(), hint(nil, `too short to serve between replacements; use e.g. "24h" (0 = off)`))
+	}
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)
 	a.Health = d.health(raw.Health, k("health"), a.Ready)
