@@ -92,9 +92,17 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 	}
 
-	// A reload from the CLI: each new pid shows within pageLag of the
-	// agent's status, and the timeline tells it.
-	old := want["web"]
+	checkReload(t, a, b, want["web"])
+	checkCrash(t, a, b)
+	checkLogLines(t, b, port)
+	b.checkConsole()
+}
+
+// checkReload runs a reload from the CLI: each new pid shows on the page
+// within pageLag of the agent's status, with its timeline entry, and the
+// old workers leave it. A screenshot is taken mid-reload.
+func checkReload(t *testing.T, a *Agent, b *browser, old []int) {
+	t.Helper()
 	reloaded := make(chan Result, 1)
 	go func() { reloaded <- a.CLI("reload", "web") }()
 	seenStatus, seenPage := map[int]time.Time{}, map[int]time.Time{}
@@ -155,8 +163,12 @@ func TestDashboardInBrowser(t *testing.T) {
 		return n == len(old) && !slices.ContainsFunc(b.pids("web"), func(p int) bool { return slices.Contains(old, p) })
 	})
 
-	// A crash: SIGKILL a worker; the timeline shows the crash and the
-	// restart, the card the new pid.
+}
+
+// checkCrash SIGKILLs a worker: the timeline shows the crash and the
+// restart, the card the new pid.
+func checkCrash(t *testing.T, a *Agent, b *browser) {
+	t.Helper()
 	victim := a.App("web").Workers[0]
 	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -177,9 +189,12 @@ func TestDashboardInBrowser(t *testing.T) {
 			b.count(fmt.Sprintf(`#timeline li[data-pid="%d"]:is([data-kind=restart],[data-kind=started])`, newPID)) >= 1 &&
 			slices.Contains(b.pids("web"), newPID)
 	})
+}
 
-	// Log lines as they are written: stdout's from GET /log, stderr's
-	// from the old workers' stop lines (the reload above).
+// checkLogLines: log lines show as they are written, stdout's from GET
+// /log, stderr's (marked) from the old workers' stop lines of the reload.
+func checkLogLines(t *testing.T, b *browser, port int) {
+	t.Helper()
 	if _, err := get(t, port, "/log?n=3"); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +207,6 @@ func TestDashboardInBrowser(t *testing.T) {
 	b.waitFor("stderr lines, marked", time.Second, func() bool {
 		return b.eval(`[...document.querySelectorAll('.log[data-app=web] .ll[data-stream=err]')].some(e => e.textContent.includes('testapp: stopping'))`)
 	})
-	b.checkConsole()
 }
 
 // newReady is a script that tells whether the page shows web reloading

@@ -53,7 +53,8 @@ func diffStatus(prev, cur *api.Status, now int64) []Event {
 	return evs
 }
 
-// diffApp derives the entries of one app.
+// diffApp derives the entries of one app: its state, release and canary,
+// then its workers.
 func diffApp(p, a api.App, now int64) []Event {
 	var evs []Event
 	add := func(kind string, slot, pid int, format string, args ...any) {
@@ -74,6 +75,15 @@ func diffApp(p, a api.App, now int64) []Event {
 		add("canary", -1, 0, "canary %s held on slots %v beside %s", a.Canary.Release, a.Canary.Slots, orNone(a.Canary.Previous))
 	case p.Canary != nil && a.Canary == nil && a.LastCanary != nil:
 		add("canary", -1, 0, "canary %s %s by %s", a.LastCanary.Release, a.LastCanary.Outcome, a.LastCanary.By)
+	}
+	return append(evs, diffWorkers(p, a, now)...)
+}
+
+// diffWorkers derives the entries of an app's workers: gone, new, changed.
+func diffWorkers(p, a api.App, now int64) []Event {
+	var evs []Event
+	add := func(kind string, slot, pid int, format string, args ...any) {
+		evs = append(evs, Event{T: now, App: a.Name, Kind: kind, Slot: slot, PID: pid, Text: fmt.Sprintf(format, args...)})
 	}
 	before := map[int]api.Worker{}
 	slotRestarts := map[int]int{}
