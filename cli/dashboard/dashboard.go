@@ -158,17 +158,29 @@ func (s *Server) poll(ctx context.Context) {
 	}
 }
 
-// followLogs follows one stream of every app's log into the hub, again
-// after logRetry when the stream ends (the agent stopped): lines written
-// while no agent answered are not shown.
+// followLogs follows one stream of every app's log into the hub while a
+// page is open (from the last LogLines lines when the first page opened),
+// again after logRetry when the stream ends (the agent stopped): lines
+// written while no agent answered are not shown.
 func (s *Server) followLogs(ctx context.Context, errStream bool) {
 	stream := "out"
 	if errStream {
 		stream = "err"
 	}
-	lines := s.opts.LogLines
+	var last context.Context
 	for {
-		err := s.opts.Source.Logs(ctx, errStream, lines, func(l api.LogLine) {
+		pages, ok := s.hub.awaitPages(ctx)
+		if !ok {
+			return
+		}
+		lines := s.opts.LogLines
+		if pages == last {
+			lines = 0 // the same pages: go on from now
+		}
+		last = pages
+		fctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(pages, cancel)
+		err := s.opts.Source.Logs(fctx, errStream, lines, func(l api.LogLine) {
 			if l.Error != "" || l.App == "" {
 				return
 			}
@@ -178,14 +190,18 @@ func (s *Server) followLogs(ctx context.Context, errStream bool) {
 			}
 			select {
 			case s.hub.logc <- LogEntry{T: time.Now().UnixMilli(), App: l.App, Stream: stream, Line: line}:
-			case <-ctx.Done():
+			case <-fctx.Done():
 			}
 		})
+		stop()
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
+		if pages.Err() != nil {
+			continue // the last page left: wait for the next
+		}
 		s.opts.Log.Debug("log stream ended", "stream", stream, "error", err)
-		lines = 0
 		select {
 		case <-time.After(logRetry):
 		case <-ctx.Done():

@@ -108,3 +108,60 @@ func TestEventsSnapshotThenUpdatesAndClientLimit(t *testing.T) {
 		t.Errorf("events seen %v, want a snapshot, an update and the log line", seen)
 	}
 }
+
+// countingSource records the log follows: started, and ended.
+type countingSource struct {
+	fakeSource
+	started, ended chan bool
+}
+
+func (s countingSource) Logs(ctx context.Context, errStream bool, _ int, fn func(api.LogLine)) error {
+	s.started <- errStream
+	<-ctx.Done()
+	s.ended <- errStream
+	return nil
+}
+
+func TestLogsFollowedOnlyWhilePagesOpen(t *testing.T) {
+	src := countingSource{started: make(chan bool, 8), ended: make(chan bool, 8)}
+	srv, err := New(Options{Source: src, Token: "secret", Poll: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { srv.Run(ctx, ln) })
+	defer func() { cancel(); wg.Wait() }()
+
+	select {
+	case <-src.started:
+		t.Fatal("a log follow started with no page open")
+	case <-time.After(300 * time.Millisecond):
+	}
+	pctx, closePage := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(pctx, http.MethodGet, "http://"+ln.Addr().String()+"/secret/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	for range 2 { // stdout's and stderr's
+		select {
+		case <-src.started:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no log follow after a page opened")
+		}
+	}
+	closePage()
+	for range 2 {
+		select {
+		case <-src.ended:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the log follows went on after the last page left")
+		}
+	}
+}

@@ -77,7 +77,14 @@ type hub struct {
 	logc    chan LogEntry
 	joinc   chan joinReq
 	leavec  chan *client
+	awaitc  chan chan context.Context
 	done    chan struct{} // closed when run returned
+
+	// pages is done when the last page left; the log follows run under it
+	// (awaitPages), so no page open, no log read from the agent.
+	pages       context.Context
+	pagesCancel context.CancelFunc
+	waiting     []chan context.Context
 
 	status  *api.Status
 	err     string
@@ -92,7 +99,8 @@ type hub struct {
 func newHub(opts Options) *hub {
 	return &hub{
 		opts: opts, statusc: make(chan statusResult), logc: make(chan LogEntry, 256),
-		joinc: make(chan joinReq), leavec: make(chan *client), done: make(chan struct{}),
+		joinc: make(chan joinReq), leavec: make(chan *client), awaitc: make(chan chan context.Context),
+		done:   make(chan struct{}),
 		shapes: map[string][]byte{}, samples: map[int][]Sample{}, logs: map[string][]LogEntry{},
 		clients: map[*client]struct{}{},
 	}
@@ -104,6 +112,8 @@ func (h *hub) run(ctx context.Context) {
 		for c := range h.clients {
 			close(c.ch)
 		}
+		h.clients = nil
+		h.pagesChanged()
 	}()
 	flush := time.NewTicker(logFlush)
 	defer flush.Stop()
@@ -127,7 +137,54 @@ func (h *hub) run(ctx context.Context) {
 				delete(h.clients, c)
 				close(c.ch)
 			}
+			h.pagesChanged()
+		case r := <-h.awaitc:
+			if h.pages != nil {
+				r <- h.pages
+			} else {
+				h.waiting = append(h.waiting, r)
+			}
 		}
+	}
+}
+
+// pagesChanged starts the pages' context when the first page joined, and
+// ends it when the last one left (or the hub stops).
+func (h *hub) pagesChanged() {
+	switch {
+	case len(h.clients) > 0 && h.pages == nil:
+		h.pages, h.pagesCancel = context.WithCancel(context.Background())
+		// The follows start again from the last lines: the tail held
+		// from an earlier page would hold them twice.
+		clear(h.logs)
+		for _, r := range h.waiting {
+			r <- h.pages // buffered
+		}
+		h.waiting = nil
+	case len(h.clients) == 0 && h.pages != nil:
+		h.pagesCancel()
+		h.pages, h.pagesCancel = nil, nil
+	}
+}
+
+// awaitPages waits until a page is open and returns a context that ends
+// when the last page leaves; false when ctx ended or the hub stopped.
+func (h *hub) awaitPages(ctx context.Context) (context.Context, bool) {
+	r := make(chan context.Context, 1)
+	select {
+	case h.awaitc <- r:
+	case <-ctx.Done():
+		return nil, false
+	case <-h.done:
+		return nil, false
+	}
+	select {
+	case p := <-r:
+		return p, true
+	case <-ctx.Done():
+		return nil, false
+	case <-h.done:
+		return nil, false
 	}
 }
 
@@ -138,6 +195,7 @@ func (h *hub) join() joinReply {
 	}
 	c := &client{ch: make(chan []byte, clientBuffer)}
 	h.clients[c] = struct{}{}
+	h.pagesChanged() // before the snapshot: the first page's clears the log tails
 	snap := snapshot{T: time.Now().UnixMilli(), PollMS: h.opts.Poll.Milliseconds(), Error: h.err,
 		Samples: map[string][]Sample{}, Events: h.events, Logs: h.logs}
 	if h.status != nil {
@@ -277,6 +335,7 @@ func (h *hub) broadcast(msg []byte) {
 			close(c.ch)
 		}
 	}
+	h.pagesChanged()
 }
 
 // appendBounded appends v to s and keeps the last n elements; it copies
