@@ -180,6 +180,10 @@ func appStatus(rt *appRT) api.App {
 			HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
 			HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError,
 		})
+		if w.Recycles {
+			in := w.RecycleIn.Seconds()
+			app.Workers[len(app.Workers)-1].RecycleInSeconds = &in
+		}
 	}
 	return app
 }

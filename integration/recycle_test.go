@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,14 @@ func TestRecycleAfterReplacesEveryWorkerUnderLoad(t *testing.T) {
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, instances, `recycle_after = "3s"`))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	for _, w := range appOf(st, "web").Workers {
+		if w.RecycleInSeconds == nil || *w.RecycleInSeconds > 3.3 {
+			t.Errorf("worker %d: recycle_in_seconds %v, want at most 3.3 (3s and a tenth of jitter)", w.Slot, w.RecycleInSeconds)
+		}
+	}
+	if r := a.CLI("status"); !strings.Contains(r.Stdout, "recycle_after: worker") {
+		t.Errorf("status does not say which worker is recycled next:\n%s", r.Stdout)
+	}
 	stop := startLoad(t, port, 20, 2*time.Minute)
 
 	original := PIDs(appOf(st, "web"))

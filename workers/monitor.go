@@ -118,11 +118,17 @@ func (o *op) replace(c overLimit, spec *Spec) {
 // so that workers started together are replaced one after the other (the
 // monitor runs one replacement at a time, a new worker ready first).
 func recycleDue(after time.Duration, w *Worker, now time.Time) bool {
+	at := recycleAt(after, w)
+	return !at.IsZero() && !now.Before(at)
+}
+
+// recycleAt is when w falls due for recycle_after; zero when it is off.
+func recycleAt(after time.Duration, w *Worker) time.Time {
 	if after <= 0 || w.Started.IsZero() {
-		return false
+		return time.Time{}
 	}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d/%d", w.PID, w.Started.UnixNano())
 	jitter := time.Duration(h.Sum64() % uint64(after/10+1))
-	return now.Sub(w.Started) >= after+jitter
+	return w.Started.Add(after + jitter)
 }

@@ -263,11 +263,15 @@ func (h *hub) onStatus(r statusResult) {
 }
 
 // shape is a's status without what changes at every poll (CPU, RSS,
-// uptime): an app is sent again only when its shape changed.
+// uptime, time to recycle): an app is sent again only when its shape changed.
 func shape(a api.App) []byte {
 	ws := make([]api.Worker, len(a.Workers))
 	for i, w := range a.Workers {
 		w.CPUPercent, w.RSSBytes, w.UptimeSeconds = 0, 0, 0
+		if w.RecycleInSeconds != nil { // counts down like the uptime: the page does it
+			zero := 0.0
+			w.RecycleInSeconds = &zero
+		}
 		ws[i] = w
 	}
 	a.Workers = ws

@@ -159,6 +159,10 @@ function workerCard(a, w, now) {
   let meta = (w.release || "no release") + " · up " + fmtDur(up) + " · " + w.restarts + " restart" + (w.restarts === 1 ? "" : "s");
   if (w.status && w.state !== "ready") meta += " · " + w.status;
   if (w.health_error) meta += " · health: " + w.health_error;
+  if (w.recycle_in_seconds !== undefined) {
+    const left = w.recycle_in_seconds - (now - a._recv) / 1000;
+    meta += left > 0 ? " · recycled in " + fmtDur(left) : " · recycling";
+  }
   const samples = S.samples.get(String(w.pid)) || [];
   const window = plotWindow();
   const last = samples.length ? samples[samples.length - 1] : { c: w.cpu_percent, r: w.rss_bytes };
