@@ -232,7 +232,7 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, MinReady: app.MinReady,
 		StopSignal:  app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
-		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, CPUAffinity: app.CPUAffinity,
+		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
 		Health: healthPolicy(app.Health),
 	}
 	if spec.Node, err = a.nodeSpec(app, argv, ls); err != nil {

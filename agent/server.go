@@ -190,7 +190,7 @@ func appStatus(rt *appRT) api.App {
 }
 
 func apiWorker(w workers.WorkerStatus) api.Worker {
-	return api.Worker{
+	aw := api.Worker{
 		Slot: w.Slot, PID: w.PID, State: string(w.State), Release: w.Release, Generation: w.Generation,
 		Restarts: w.Restarts, UptimeSeconds: w.Uptime.Seconds(),
 		MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
@@ -198,6 +198,11 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
 		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError,
 	}
+	if w.Recycles {
+		in := w.RecycleIn.Seconds()
+		aw.RecycleInSeconds = &in
+	}
+	return aw
 }
 
 // stream writes StreamLines to an HTTP answer; safe for concurrent use.

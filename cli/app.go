@@ -98,7 +98,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		ExitErrHandler:         func(*cli.Context, error) {},
 		OnUsageError:           usageError,
 		Commands: []*cli.Command{
-			agentCommand(), demoCommand(), statusCommand(), listCommand(), showCommand(), monitCommand(), reloadCommand(), restartCommand(), logsCommand(),
+			agentCommand(), demoCommand(), statusCommand(), listCommand(), showCommand(), monitCommand(), dashboardCommand(), reloadCommand(), restartCommand(), logsCommand(),
 			scaleCommand(), stopCommand(), startCommand(), deleteCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
 		},
 	}

@@ -93,6 +93,7 @@ func printStatus(out io.Writer, st *api.Status) {
 			fmt.Fprintf(out, "\n%s: %d log lines dropped (log_dir full or too slow; the log marks where)\n", a.Name, a.DroppedLogLines)
 		}
 		printStatusCanary(out, a)
+		printRecycle(out, a)
 		switch a.State {
 		case "running", "canary":
 		case "no release":
@@ -192,5 +193,19 @@ func watchHeader(w io.Writer, every time.Duration, first bool) {
 		fmt.Fprint(w, "\033[H\033[2J")
 	case !first:
 		fmt.Fprintf(w, "\n--- %s\n", time.Now().Format(time.TimeOnly))
+	}
+}
+
+// printRecycle says which worker recycle_after replaces next, and when.
+func printRecycle(out io.Writer, a api.App) {
+	var next *api.Worker
+	for i, w := range a.Workers {
+		if w.RecycleInSeconds != nil && (next == nil || *w.RecycleInSeconds < *next.RecycleInSeconds) {
+			next = &a.Workers[i]
+		}
+	}
+	if next != nil {
+		fmt.Fprintf(out, "\n%s: recycle_after: worker %d (pid %d) is replaced next, in %s\n",
+			a.Name, next.Slot, next.PID, fmtDuration(*next.RecycleInSeconds))
 	}
 }

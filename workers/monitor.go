@@ -2,6 +2,7 @@ package workers
 
 import (
 	"fmt"
+	"hash/fnv"
 	"time"
 )
 
@@ -25,6 +26,8 @@ func (s *Supervisor) tick(st *state) {
 		what = fmt.Sprintf("watchdog replacement of worker %d", c.sl.index)
 	case "health":
 		what = fmt.Sprintf("health-check replacement of worker %d", c.sl.index)
+	case "recycle":
+		what = fmt.Sprintf("recycle_after replacement of worker %d", c.sl.index)
 	}
 	o := s.newOp(what, "the "+c.why+" monitor", nil)
 	st.op = o.info
@@ -40,16 +43,17 @@ func (s *Supervisor) tick(st *state) {
 type overLimit struct {
 	sl  *slot
 	w   *Worker
-	why string // "max_memory", "watchdog" or "health"
+	why string // "max_memory", "watchdog", "health" or "recycle"
 	// detail is the event's message: why, and for health the last failure.
 	detail string
 }
 
 // overLimit returns the first ready worker over max_memory, past its
-// watchdog, or with health.failures failed liveness checks in a row. Run
-// by the loop.
+// watchdog, or with health.failures failed liveness checks in a row; else
+// the oldest worker past its recycle_after. Run by the loop.
 func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 	now := time.Now()
+	var recycle overLimit
 	for _, sl := range st.slots {
 		w, spec := sl.cur, sl.spec
 		if w == nil || w.State() != Ready {
@@ -74,6 +78,17 @@ func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 				"failures", run, "path", spec.Health.Path, "last", last)
 			return overLimit{sl, w, "health", fmt.Sprintf("health: %d failed checks in a row, last: %s", run, last)}, true
 		}
+		// A held canary ends first: recycling waits (and never aborts it).
+		if st.hold == nil && recycleDue(spec.RecycleAfter, w, now) && (recycle.w == nil || w.Started.Before(recycle.w.Started)) {
+			recycle = overLimit{sl, w, "recycle", "recycle_after"}
+		}
+	}
+	if recycle.w != nil {
+		// The oldest due worker first: when recycles come faster than the
+		// pool is gone through, the first slots must not starve the others.
+		s.log.Info("worker ran recycle_after; replacing it", "worker", recycle.sl.index, "pid", recycle.w.PID,
+			"up", now.Sub(recycle.w.Started).Round(time.Second), "recycle_after", recycle.sl.spec.RecycleAfter)
+		return recycle, true
 	}
 	return overLimit{}, false
 }
@@ -96,4 +111,24 @@ func (o *op) replace(c overLimit, spec *Spec) {
 				c.sl.healthReplacements++
 			}
 		})
+}
+
+// recycleDue reports whether w has run its recycle_after plus its jitter:
+// up to a tenth of recycle_after more, drawn from its pid and start time,
+// so that workers started together are replaced one after the other (the
+// monitor runs one replacement at a time, a new worker ready first).
+func recycleDue(after time.Duration, w *Worker, now time.Time) bool {
+	at := recycleAt(after, w)
+	return !at.IsZero() && !now.Before(at)
+}
+
+// recycleAt is when w falls due for recycle_after; zero when it is off.
+func recycleAt(after time.Duration, w *Worker) time.Time {
+	if after <= 0 || w.Started.IsZero() {
+		return time.Time{}
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d", w.PID, w.Started.UnixNano())
+	jitter := time.Duration(h.Sum64() % uint64(after/10+1))
+	return w.Started.Add(after + jitter)
 }

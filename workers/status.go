@@ -27,6 +27,10 @@ type WorkerStatus struct {
 	CPUPercent float64
 	RSSBytes   int64
 	Status     string // last sd_notify STATUS=
+	// RecycleIn is how long until recycle_after replaces the worker (0
+	// when due, or when recycle_after is off: see Recycles).
+	RecycleIn time.Duration
+	Recycles  bool
 }
 
 // AppStatus is a snapshot of an app's pool.
@@ -82,6 +86,11 @@ func (in *state) status(app string) AppStatus {
 			ws := in.workerStatus(sl.cur, now)
 			ws.Restarts, ws.MemoryReplacements, ws.WatchdogReplacements, ws.HealthReplacements =
 				sl.restarts, sl.memoryReplacements, sl.watchdogReplacements, sl.healthReplacements
+			if sl.spec != nil {
+				if at := recycleAt(sl.spec.RecycleAfter, sl.cur); !at.IsZero() {
+					ws.Recycles, ws.RecycleIn = true, max(at.Sub(now), 0)
+				}
+			}
 			st.Workers = append(st.Workers, ws)
 		}
 		for _, w := range sl.extra {

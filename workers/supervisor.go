@@ -53,6 +53,9 @@ type Spec struct {
 	// a worker over the limit or silent for longer, the graceful way.
 	MaxMemory int64
 	Watchdog  time.Duration
+	// RecycleAfter, when > 0, makes the supervisor replace each worker
+	// the same way once it has run that long plus its jitter (recycleDue).
+	RecycleAfter time.Duration
 	// Health, when set, is the liveness check (health.go).
 	Health *HealthPolicy
 	// CPUAffinity pins worker slot i to usable CPU i mod n.

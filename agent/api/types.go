@@ -87,6 +87,9 @@ type Worker struct {
 	CPUPercent          float64 `json:"cpu_percent"`
 	RSSBytes            int64   `json:"rss_bytes"`
 	Status              string  `json:"status,omitempty"`
+	// RecycleInSeconds is how long until recycle_after replaces the
+	// worker (0 once due); absent when recycle_after is off.
+	RecycleInSeconds *float64 `json:"recycle_in_seconds,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.

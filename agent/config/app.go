@@ -40,6 +40,7 @@ type rawApp struct {
 	Group        toml.Primitive `toml:"group"`
 	MembersRoot  toml.Primitive `toml:"members_may_run_as_root"`
 	Watchdog     toml.Primitive `toml:"watchdog"`
+	RecycleAfter toml.Primitive `toml:"recycle_after"`
 	Logs         toml.Primitive `toml:"logs"`
 	Node         toml.Primitive `toml:"node"`
 	Health       toml.Primitive `toml:"health"`
@@ -169,6 +170,10 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	a.Group = d.account(raw.Group, k("group"), true)
 	d.boolean(raw.MembersRoot, k("members_may_run_as_root"), &a.MembersMayRunAsRoot)
 	d.duration(raw.Watchdog, k("watchdog"), &a.Watchdog, true)
+	d.duration(raw.RecycleAfter, k("recycle_after"), &a.RecycleAfter, true)
+	if a.RecycleAfter > 0 && a.RecycleAfter < time.Second {
+		d.fail(k("recycle_after"), a.RecycleAfter.String(), hint(nil, `too short to serve between replacements; use e.g. "24h" (0 = off)`))
+	}
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)
 	a.Health = d.health(raw.Health, k("health"), a.Ready)

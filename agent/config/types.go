@@ -160,7 +160,10 @@ type App struct {
 	MembersMayRunAsRoot bool
 	// Watchdog: a worker must send WATCHDOG=1 at least this often; 0 = off.
 	Watchdog time.Duration
-	Logs     Logs
+	// RecycleAfter: each worker is replaced (a new one ready first) once it
+	// has run this long, plus up to a tenth more as jitter; 0 = off.
+	RecycleAfter time.Duration
+	Logs         Logs
 	// Health is the [apps.NAME.health] liveness check, nil when off.
 	Health *Health
 	// Node is the Node.js integration (a preload that maps listen(port),

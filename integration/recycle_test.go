@@ -1,0 +1,75 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// TestRecycleAfterReplacesEveryWorkerUnderLoad: with recycle_after = "3s"
+// every worker is replaced, twice over, one at a time and a new one ready
+// first, under both loads at once: no failed request, never fewer ready
+// workers than instances, never more than one extra worker.
+func TestRecycleAfterReplacesEveryWorkerUnderLoad(t *testing.T) {
+	const instances = 3
+	port := FreePort(t)
+	a := StartAgent(t, bins, appConfig("web", port, instances, `recycle_after = "3s"`))
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	for _, w := range appOf(st, "web").Workers {
+		if w.RecycleInSeconds == nil || *w.RecycleInSeconds > 3.3 {
+			t.Errorf("worker %d: recycle_in_seconds %v, want at most 3.3 (3s and a tenth of jitter)", w.Slot, w.RecycleInSeconds)
+		}
+	}
+	if r := a.CLI("status"); !strings.Contains(r.Stdout, "recycle_after: worker") {
+		t.Errorf("status does not say which worker is recycled next:\n%s", r.Stdout)
+	}
+	stop := startLoad(t, port, 20, 2*time.Minute)
+
+	original := PIDs(appOf(st, "web"))
+	pidsOf := map[int]map[int]bool{} // slot -> every pid it had
+	for slot, pid := range original {
+		pidsOf[slot] = map[int]bool{pid: true}
+	}
+	minReady, maxWorkers := instances, 0
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		app := appOf(a.Status(), "web")
+		ready := 0
+		for _, w := range app.Workers {
+			if w.State == "ready" {
+				ready++
+			}
+			if pidsOf[w.Slot] == nil {
+				pidsOf[w.Slot] = map[int]bool{}
+			}
+			pidsOf[w.Slot][w.PID] = true
+		}
+		minReady, maxWorkers = min(minReady, ready), max(maxWorkers, len(app.Workers))
+		done := len(pidsOf) == instances
+		for _, pids := range pidsOf {
+			done = done && len(pids) >= 3 // the original, then two recycles
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 45s the slots had pids %v, want 3 each (the original and two recycles)\n%s", pidsOf, a.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ka, nka := stop()
+	requireNoFailures(t, "keep-alive clients", ka)
+	requireNoFailures(t, "new-connection clients", nka)
+	t.Logf("pids by slot %v; fewest ready %d, most workers %d", pidsOf, minReady, maxWorkers)
+	if minReady < instances {
+		t.Errorf("%d ready workers at one point, want never fewer than %d", minReady, instances)
+	}
+	if maxWorkers > instances+1 {
+		t.Errorf("%d workers at once, want at most %d: recycles must run one at a time", maxWorkers, instances+1)
+	}
+	if app := a.App("web"); app.Restarts != 0 {
+		t.Errorf("%d restarts: a recycle is a replacement, not a crash", app.Restarts)
+	}
+}
