@@ -166,8 +166,8 @@ figures() {
 		# varies in length, which ab counts as a failure) + "Non-2xx responses"; a run ab aborted
 		# ("Connection reset by peer") counts its unfinished requests as failed.
 		awk '/^Requests per second:/ {rps=$4} /^Time per request:.*\(mean\)$/ {lat=$4}
-			/^Failed requests:/ {f=1; next}
-			f && /Connect:/ {gsub(/[(),]/, ""); err+=$2+$4+$8; f=0}
+			/^Failed requests:/ {f=1; next} {if (!/^ *\(Connect:/) f=0}
+			f && /^ *\(Connect:/ {gsub(/[(),]/, ""); err+=$2+$4+$8; f=0}
 			/^Non-2xx responses:/ {err+=$3}
 			/^Complete requests:/ {n+=$3}
 			/^Total of [0-9]+ requests completed/ {err+=1000-$3; n+=1000}
