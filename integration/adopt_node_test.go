@@ -96,7 +96,8 @@ func TestNodeWorkersAdoptedAcrossUpgrades(t *testing.T) {
 			if err != nil {
 				continue
 			}
-			for _, w := range appOf(st, "web").Workers {
+			app := appOf(st, "web") // old workers drain apart from the slots
+			for _, w := range append(app.Workers, app.Draining...) {
 				if w.Status == "draining" {
 					mu.Lock()
 					draining[w.PID] = true
