@@ -20,13 +20,6 @@ var bins *Binaries
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	// go test's default -timeout (10m, which it passes explicitly) is shorter
-	// than this package takes on a 2-core machine (about 11 minutes): real
-	// agents, app servers, systemd and browsers under load. The default is
-	// raised to 40m; a -timeout the caller chose is kept.
-	if f := flag.Lookup("test.timeout"); f != nil && f.Value.String() == (10*time.Minute).String() {
-		_ = f.Value.Set((40 * time.Minute).String())
-	}
 	if testing.Short() {
 		fmt.Println("integration: skipped in -short mode")
 		os.Exit(0)
