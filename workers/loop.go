@@ -132,12 +132,16 @@ func (s *Supervisor) read(fn func(*state)) {
 // (supervisord's changeStateTo): run by the loop, it applies change (nil:
 // the event changes nothing the supervisor keeps, e.g. a worker's own
 // readiness) and publishes e to every subscriber. It returns e as
-// published, with the time and the app.
+// published, with the time (now, unless e says when it happened) and the
+// app.
 func (s *Supervisor) changeStateTo(st *state, e Event, change func()) Event {
 	if change != nil {
 		change()
 	}
-	e.Time, e.App = time.Now(), s.opts.App
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	e.App = s.opts.App
 	s.log.Debug("event", "event", e.Type, "worker", e.Slot, "pid", e.PID, "release", e.Release,
 		"ms", e.Millis, "message", e.Message)
 	st.publish(e)

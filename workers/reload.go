@@ -212,8 +212,11 @@ func (o *op) replaceGroup(group []*slot, spec *Spec, bake time.Duration, note st
 				bad = w
 				break
 			}
-			o.step(Event{Type: EventReady, Slot: w.Slot, PID: w.PID, Release: w.Release,
-				Millis: w.ReadyAfter().Milliseconds(), Message: note}, func(st *state) { st.resample(o.s.fs, w) })
+			// Stamped with the moment readiness arrived, the one the bake
+			// below counts from, not the moment this loop got to it.
+			after := w.ReadyAfter()
+			o.step(Event{Type: EventReady, Time: w.Started.Add(after), Slot: w.Slot, PID: w.PID, Release: w.Release,
+				Millis: after.Milliseconds(), Message: note}, func(st *state) { st.resample(o.s.fs, w) })
 		}
 		// The bake: readiness times differ, so waiting for each in turn
 		// waits bake after the last ready one, not their sum.
