@@ -67,7 +67,8 @@ type Worker struct {
 	mu        sync.Mutex
 	state     State
 	readyAt   time.Time
-	status    string // sd_notify STATUS=
+	asked     *string // a discovery run's LISTEN= (the address the app asked for)
+	status    string  // sd_notify STATUS=
 	watchdog  time.Time
 	exitErr   error
 	exitState *os.ProcessState
@@ -371,6 +372,11 @@ func (w *Worker) onNotify(msg handoff.Notify) {
 		if w.state != Exited && w.state != Draining { // a drain shows as one to its end
 			w.state = Stopping
 		}
+		w.mu.Unlock()
+	}
+	if v, ok := msg["LISTEN"]; ok && w.asked == nil {
+		w.mu.Lock()
+		w.asked = &v
 		w.mu.Unlock()
 	}
 	if msg["READY"] == "1" {

@@ -201,6 +201,33 @@ function run(cfg) {
     fail(msg);
   }
 
+  // discovered answers a discovery run: the address the app asked for goes
+  // to the agent (LISTEN=), which binds it and starts the real workers with
+  // it; this process then exits, before the app serves anything.
+  var reported = false;
+  function discovered(r) {
+    if (reported) return;
+    reported = true;
+    var addr = r.kind === 'unix' ? 'unix://' + path.resolve(r.path) : 'tcp://' + hostOf(r.host) + ':' + r.port;
+    var t = setTimeout(function () { origExit.call(process, 0); }, 500);
+    send(['LISTEN=' + addr, 'STATUS=discovered listen ' + addr], function () {
+      clearTimeout(t);
+      origExit.call(process, 0);
+    });
+  }
+
+  // hostOf is the host of a listen(port, host) as a listen address: an IP
+  // literal as it is, localhost as 127.0.0.1, none (or another name) as
+  // every IPv4 address, which is what the error for an unlisted port
+  // suggests too.
+  function hostOf(h) {
+    if (typeof h !== 'string' || h === '' || h === '::' || h === '0.0.0.0') return '0.0.0.0';
+    if (h === 'localhost') return '127.0.0.1';
+    if (net.isIPv4(h)) return h;
+    if (net.isIPv6(h)) return '[' + h + ']';
+    return '0.0.0.0';
+  }
+
   function fail(msg) {
     process.stderr.write(msg + '\n');
     process.exitCode = 1;
@@ -239,8 +266,9 @@ function run(cfg) {
   }
 
   // An app with no listener (a queue worker) is ready once its main module
-  // has run.
-  if (listeners.length === 0 && cfg.ready) {
+  // has run. A discovery run (cfg.discover: the config has no listen list)
+  // is never ready: it reports the app's first listen and exits.
+  if (listeners.length === 0 && cfg.ready && !cfg.discover) {
     setImmediate(function () { send(['READY=1', 'STATUS=running (no listeners configured)']); });
   }
 
@@ -255,6 +283,10 @@ function run(cfg) {
       return origListen.apply(this, arguments);
     }
     var i = find(r);
+    if (i === -1 && cfg.discover && listeners.length === 0) {
+      discovered(r);
+      return this;
+    }
     if (i === -1) {
       unlisted(r);
       return this;
