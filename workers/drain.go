@@ -73,12 +73,16 @@ func (st *state) drainingWorkers() []*Worker {
 // and until then the old worker still takes new connections from the
 // shared queue: once this returns, only the new workers do. A server that
 // keeps its listener open while it drains, and does not say it stopped,
-// is waited for stopAcceptingMax at most, once, at the end of the
-// operation.
+// is waited for stopAcceptingMax at most (less when its stop_timeout is
+// shorter), once, at the end of the operation.
 func (o *op) awaitStopAccepting() {
 	tick := time.NewTicker(stopAcceptingPoll)
 	defer tick.Stop()
-	limit := time.NewTimer(stopAcceptingMax)
+	wait := stopAcceptingMin
+	for _, d := range o.drains {
+		wait = max(wait, min(d.w.spec.StopTimeout, stopAcceptingMax))
+	}
+	limit := time.NewTimer(wait)
 	defer limit.Stop()
 	for _, d := range o.drains {
 		socks := listenerInodes(d.w.spec)
@@ -99,10 +103,14 @@ func (o *op) awaitStopAccepting() {
 
 // stopAcceptingPoll is how often awaitStopAccepting looks in /proc (no
 // event tells when a process closes a descriptor), and stopAcceptingMax
-// how long it waits in all.
+// how long it waits in all. A loaded machine can take seconds to run a
+// stop handler; until it has, the old worker still takes connections, so
+// the bound is generous, and only a server that keeps its listener open
+// while it drains ever reaches it.
 const (
 	stopAcceptingPoll = 10 * time.Millisecond
-	stopAcceptingMax  = 2 * time.Second
+	stopAcceptingMin  = 2 * time.Second
+	stopAcceptingMax  = 10 * time.Second
 )
 
 // listenerInodes returns the socket inodes of spec's listeners.
