@@ -58,6 +58,11 @@ func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, why)
 		return
 	}
+	// After the privilege check: a discovery runs the app's code.
+	if err := a.discoverListens(cfg, names, true); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error()+"; nothing was changed")
+		return
+	}
 	st := newStream(w)
 	if agentChanged {
 		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")

@@ -178,7 +178,11 @@ func appStatus(rt *appRT) api.App {
 		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Warnings: s.Warnings, Workers: []api.Worker{},
 		DroppedLogLines: droppedLogLines(rt), Canary: apiCanary(s.Canary), LastCanary: apiCanaryEnd(s.LastCanary)}
 	for _, l := range rt.config().Listen {
-		app.Listen = append(app.Listen, l.URL)
+		if l.Discovered {
+			app.Listen = append(app.Listen, l.URL+" (discovered)")
+		} else {
+			app.Listen = append(app.Listen, l.URL)
+		}
 	}
 	for _, w := range s.Workers {
 		app.Workers = append(app.Workers, apiWorker(w))

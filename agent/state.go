@@ -24,6 +24,9 @@ type AppState struct {
 	// Instances overrides the config's count when > 0 (deployd scale).
 	Instances int  `json:"instances,omitempty"`
 	Stopped   bool `json:"stopped,omitempty"` // deployd stop
+	// Listen is where an app without a listen list listens, as its
+	// last discovery run found (a Node.js app's own listen(port)).
+	Listen string `json:"listen,omitempty"`
 }
 
 // stateFile is state_dir/state.json. Safe for concurrent use; every change

@@ -116,7 +116,10 @@ func configCommand() *cli.Command {
 					for _, l := range a.Listen {
 						ls = append(ls, l.URL)
 					}
-					if len(ls) == 0 {
+					switch {
+					case a.DiscoversListen():
+						ls = []string{"discovered at start (where the app's own listen(port) asks; deployd binds it)"}
+					case len(ls) == 0:
 						ls = []string{"none"}
 					}
 					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
