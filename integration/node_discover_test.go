@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"maps"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -55,5 +56,32 @@ func TestNodeClusterAppWithoutListen(t *testing.T) {
 	}
 	if got := appOf(st, "web").Listen; len(got) != 1 || got[0] != want {
 		t.Errorf("after the upgrade, status listen = %q, want [%q]", got, want)
+	}
+}
+
+// What a PM2 user types, from a config with an [agent] table only: no
+// port anywhere but in the app. The table written has no listen; the
+// agent serves the port the app asked for.
+func TestPM2StartWithoutPort(t *testing.T) {
+	t.Parallel() // see parallel.go
+	port := FreePort(t)
+	js := strings.Replace(pm2App, "app.listen(port, () =>", "app.listen(port, '127.0.0.1', () =>", 1)
+	dir := nodeApp(t, "express4", port, map[string]string{"app.js": js})
+	a := NewAgentDir(t, bins, agentOnlyConfig)
+	a.Start()
+	mustRun(t, a.CLIIn(dir, "start", "app.js", "-i", "2"), "deployd start app.js -i 2")
+	if st := a.Status(); !AllReady(st, "app", 2) {
+		t.Fatalf("after deployd start: want 2 ready workers of app, got %+v", st.Apps)
+	}
+	if body, err := get(t, port, "/"); err != nil || body != "Hello World! - -" {
+		t.Fatalf("GET /: %q, %v", body, err)
+	}
+	b, _ := os.ReadFile(a.Config)
+	if strings.Contains(string(b), "listen    =") || !strings.Contains(string(b), "# no listen") {
+		t.Errorf("the table written has a listen line, or does not say why not:\n%s", b)
+	}
+	want := fmt.Sprintf("tcp://127.0.0.1:%d (discovered)", port)
+	if got := a.App("app").Listen; len(got) != 1 || got[0] != want {
+		t.Errorf("status listen = %q, want [%q]", got, want)
 	}
 }
