@@ -1,11 +1,14 @@
 package sockdiag
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // listen returns a TCP listener on loopback (network "tcp4" or "tcp6").
@@ -131,5 +134,23 @@ func TestNoState(t *testing.T) {
 func TestInodesOfNoProcess(t *testing.T) {
 	if _, err := Inodes(1 << 30); !os.IsNotExist(err) {
 		t.Fatalf("Inodes of a pid that cannot exist: %v, want not exist", err)
+	}
+}
+
+// Another user's process (pid 1, root's) is not readable but by root:
+// the error says so, for the caller to report "unknown" rather than 0.
+func TestInodesOfAnotherUser(t *testing.T) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/1", &st); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Inodes(1)
+	switch {
+	case os.Geteuid() == 0 || int(st.Uid) == os.Geteuid():
+		if err != nil {
+			t.Fatalf("Inodes(1) as uid %d (pid 1 is uid %d's): %v", os.Geteuid(), st.Uid, err)
+		}
+	case !errors.Is(err, os.ErrPermission):
+		t.Fatalf("Inodes(1) as uid %d (pid 1 is uid %d's): %v, want a permission error", os.Geteuid(), st.Uid, err)
 	}
 }
