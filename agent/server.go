@@ -200,7 +200,7 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 		MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
 		CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
 		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
-		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError,
+		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError, Connections: w.Connections,
 	}
 	if w.Recycles {
 		in := w.RecycleIn.Seconds()

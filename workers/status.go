@@ -31,6 +31,10 @@ type WorkerStatus struct {
 	// when due, or when recycle_after is off: see Recycles).
 	RecycleIn time.Duration
 	Recycles  bool
+	// Connections, of a draining worker only, counts the established TCP
+	// connections on its app's listeners that it still holds; nil where
+	// that is not known (see openConnections).
+	Connections *int
 }
 
 // AppStatus is a snapshot of an app's pool.
@@ -59,10 +63,13 @@ type AppStatus struct {
 }
 
 // Status returns a snapshot, workers sorted by slot then start time. It
-// changes nothing: CPU and memory are the last tick's sample.
+// changes nothing: CPU and memory are the last tick's sample; the open
+// connections of draining workers are counted now, outside the loop.
 func (s *Supervisor) Status() AppStatus {
 	var st AppStatus
-	s.read(func(in *state) { st = in.status(s.opts.App) })
+	var draining []*Worker
+	s.read(func(in *state) { st, draining = in.status(s.opts.App), in.drainingWorkers() })
+	openConnections(st.Draining, draining)
 	return st
 }
 

@@ -90,6 +90,11 @@ type Worker struct {
 	// RecycleInSeconds is how long until recycle_after replaces the
 	// worker (0 once due); absent when recycle_after is off.
 	RecycleInSeconds *float64 `json:"recycle_in_seconds,omitempty"`
+	// Connections, of a draining worker only, counts the established TCP
+	// connections on the app's listeners it still holds; absent where
+	// that is not known (an agent not run as root, a worker of another
+	// user).
+	Connections *int `json:"connections,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.

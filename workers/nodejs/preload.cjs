@@ -649,12 +649,16 @@ function run(cfg) {
 
   // endStreams ends what would keep a connection open for long: event
   // streams (their clients reconnect), over HTTP/2 too, and WebSockets
-  // (close frame 1001, going away).
+  // (close frame 1001, going away). An HTTP/1 event stream's connection
+  // ends with it (FIN after the last chunk): its client's reconnect, on a
+  // kept-alive connection, would otherwise start a stream on this worker.
   function endStreams(server) {
     var st = server[kState];
     st.conns.forEach(function (c, sock) {
-      if (c.res && !c.res.writableEnded && eventStream(c.res)) c.res.end();
-      else if (st.kind === 'http' && !sock.parser && !sock.destroyed) endUpgraded(sock, c);
+      if (c.res && !c.res.writableEnded && eventStream(c.res)) {
+        c.res.end();
+        sock.end();
+      } else if (st.kind === 'http' && !sock.parser && !sock.destroyed) endUpgraded(sock, c);
     });
     st.streams.forEach(function (res) {
       if (!res.writableEnded && eventStream(res)) res.end();
@@ -682,7 +686,7 @@ function run(cfg) {
         return;
       }
     }
-    if (!c.ws) return; // another protocol: the app's to end
+    if (!c.ws || sock.writableEnded) return; // another protocol: the app's to end; or ended already
     var reason = Buffer.from('going away');
     var frame = Buffer.concat([Buffer.from([0x88, 2 + reason.length, 0x03, 0xe9]), reason]);
     sock.end(frame);
@@ -699,7 +703,13 @@ function run(cfg) {
       if (!longLived(st, sock)) scheduleIdle(sock, c);
     });
     st.sessions.forEach(goaway);
-    var t = setTimeout(function () { endStreams(server); }, STREAM_GRACE_MS);
+    // Again every grace while connections last: a stream that began after
+    // the first pass (a request on a connection accepted before the
+    // listener closed) ends too, not at stop_timeout.
+    var t = setInterval(function () {
+      if (st.conns.size === 0 && st.streams.size === 0) clearInterval(t);
+      else endStreams(server);
+    }, STREAM_GRACE_MS);
     t.unref();
   }
 
