@@ -325,15 +325,25 @@ other.listen(0, '127.0.0.1', () => {
 `, []string{"NODE_DEBUG=deployd"})
 	r.line(t, "up")
 	r.waitCtl(t, "READY=1")
-	errs := r.errs.String()
+	// stderr comes through its own pipe: it may arrive after READY=1.
 	for _, want := range []string{
 		`is not on a listener of app "web": left alone (no drain)`,
 		`deployd: warning: a Server that is not an HTTP server accepts on tcp://127.0.0.1:` + strconv.Itoa(r.port) + ` of app "web"`,
 		`end them yourself on SIGTERM`,
 	} {
-		if !strings.Contains(errs, want) {
-			t.Errorf("stderr lacks %q:\n%s", want, errs)
+		r.errLine(t, want)
+	}
+}
+
+// errLine waits up to 10 s for want in node's stderr.
+func (r *preloadRun) errLine(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(r.errs.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stderr lacks %q after 10s:\n%s", want, r.errs.String())
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
