@@ -85,7 +85,7 @@ func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookRe
 	}
 	err = cmd.Wait()
 	killer.Stop()
-	left, endErr := a.endHookUnit(unit, app.Name, h.name)
+	left, endErr := endHookUnit(unit, rt, h.name)
 	res.LastLines = o.finish()
 	var ee *exec.ExitError
 	switch {
@@ -126,16 +126,16 @@ func leftError(left []procunit.Proc, endErr error) error {
 
 // endHookUnit kills what a hook left running once it exited, and waits
 // until it is gone (bounded by hookKillGrace); it logs what it killed.
-func (a *Agent) endHookUnit(u *procunit.Unit, app, hook string) ([]procunit.Proc, error) {
+func endHookUnit(u *procunit.Unit, rt *appRT, hook string) ([]procunit.Proc, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), hookKillGrace)
 	defer cancel()
 	left, err := u.End(ctx)
 	for _, p := range left {
-		a.log.Warn("hook left a process running; killed", "app", app, "hook", hook, "pid", p.PID, "command", p.Name,
+		rt.log.Warn("hook left a process running; killed", "hook", hook, "pid", p.PID, "command", p.Name,
 			"tracked_by", u.Mode())
 	}
 	if err != nil {
-		a.log.Error("hook left processes that could not be killed", "app", app, "hook", hook, "error", err)
+		rt.log.Error("hook left processes that could not be killed", "hook", hook, "error", err)
 	}
 	return left, err
 }

@@ -56,34 +56,34 @@ func (a *Agent) hookFor(app *config.App, name, op, version, previous string) *ho
 
 // runHook runs h as rt's app user in the release folder, its output
 // going to the app's log (slot -1, each line prefixed "hook NAME: ") and
-// its last lines to the result. It announces its start and end on st. An
+// its last lines to the result. It announces its start and end to emit. An
 // after hook counts in a.hooks (a shutdown or upgrade waits for it), and
 // none starts once the agent stops.
-func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, st *stream) api.HookResult {
+func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, emit func(workers.Event)) api.HookResult {
 	res := api.HookResult{Hook: h.name, Command: h.argv}
 	if h.name == "after" {
 		if !a.hooks.enter() {
 			res.ExitStatus, res.Error = "not started", "after hook not run: the agent is stopping"
-			a.log.Error("hook not run: the agent is stopping", "app", rt.name, "hook", h.name, "version", h.version)
+			rt.log.Error("hook not run: the agent is stopping", "hook", h.name, "version", h.version)
 			return res
 		}
 		defer a.hooks.leave()
 	}
-	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
-		Release: h.version, Message: h.name + " hook started: " + strings.Join(h.argv, " ")}})
+	emit(workers.Event{Time: time.Now(), App: rt.name, Type: workers.EventKind(api.EventHook),
+		Release: h.version, Message: h.name + " hook started: " + strings.Join(h.argv, " ")})
 	t := time.Now()
 	err := a.execHook(rt, app, h, &res)
 	res.DurationSeconds = time.Since(t).Seconds()
 	res.OK = err == nil
 	if err != nil {
 		res.Error = fmt.Sprintf("%s hook %s", h.name, err)
-		a.log.Error("hook failed", "app", rt.name, "hook", h.name, "version", h.version, "error", err)
+		rt.log.Error("hook failed", "hook", h.name, "version", h.version, "error", err)
 	} else {
-		a.log.Info("hook done", "app", rt.name, "hook", h.name, "version", h.version, "seconds", res.DurationSeconds)
+		rt.log.Info("hook done", "hook", h.name, "version", h.version, "seconds", res.DurationSeconds)
 	}
 	msg := fmt.Sprintf("%s hook %s after %s", h.name, res.ExitStatus, time.Since(t).Round(time.Millisecond))
-	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
-		Release: h.version, Millis: time.Since(t).Milliseconds(), Message: msg}})
+	emit(workers.Event{Time: time.Now(), App: rt.name, Type: workers.EventKind(api.EventHook),
+		Release: h.version, Millis: time.Since(t).Milliseconds(), Message: msg})
 	return res
 }
 
@@ -187,7 +187,7 @@ func chownRelease(dir string, app *config.App) error {
 // before hook that fails refuses the operation: no worker changed, and a
 // release folder this deploy created (created) is removed again.
 func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strategy workers.Strategy, canary int,
-	st *stream, okStatus string) *api.DeployResult {
+	emit func(workers.Event), okStatus string) *api.DeployResult {
 	app := rt.config()
 	prev := a.state.get(rt.name).Current
 	current := version == prev && len(rt.sup.Status().Workers) > 0
@@ -195,10 +195,10 @@ func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strat
 	if h := a.hookFor(app, "before", op, version, prev); h != nil && !current {
 		if created {
 			if err := chownRelease(h.dir, app); err != nil {
-				a.log.Warn("give the release folder to the app's user", "app", rt.name, "error", err)
+				rt.log.Warn("give the release folder to the app's user", "error", err)
 			}
 		}
-		hr := a.runHook(rt, app, h, st)
+		hr := a.runHook(rt, app, h, emit)
 		hooks = append(hooks, hr)
 		if !hr.OK {
 			if created {
@@ -213,9 +213,9 @@ func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strat
 				ExitStatus: hr.ExitStatus, LastLines: hr.LastLines, Hooks: hooks}
 		}
 	}
-	res := a.rollTo(rt, version, strategy, canary, st.event, okStatus)
+	res := a.rollTo(rt, version, strategy, canary, emit, okStatus)
 	if h := a.hookFor(app, "after", op, version, prev); h != nil && res.Status == okStatus {
-		hooks = append(hooks, a.runHook(rt, app, h, st))
+		hooks = append(hooks, a.runHook(rt, app, h, emit))
 	}
 	res.Hooks = hooks
 	return res

@@ -55,13 +55,18 @@ func (a *Agent) setup(cfg *config.Config) error {
 			}
 		}
 	}
+	var rts []*appRT
 	for _, name := range cfg.AppNames {
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {
+			for _, rt := range rts {
+				rt.discard()
+			}
 			return fmt.Errorf("app %s: %w", name, err)
 		}
-		a.apps[name] = rt
+		rts = append(rts, rt)
 	}
+	a.apps.swap(rts, nil)
 	return a.afterSetup() // unused systemd sockets, metrics server
 }
 
@@ -82,7 +87,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 				a.log.Warn("SIGHUP ignored: the agent is still starting its workers")
 				continue
 			case syscall.SIGUSR1:
-				a.rotateLogs()
+				a.rotateAll()
 				continue
 			}
 			a.log.Info("signal received during startup, stopping", "signal", sig)
