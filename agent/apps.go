@@ -58,8 +58,9 @@ func (rt *appRT) config() *config.App {
 // bound returns the listeners of the app's running config.
 func (rt *appRT) bound() []handoff.Bound {
 	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	return rt.lease.Bound()
+	lease := rt.lease
+	rt.mu.Unlock()
+	return lease.Bound()
 }
 
 // settle records the outcome of a reload to app (whose spec holds lease):

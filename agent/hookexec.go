@@ -52,7 +52,6 @@ func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookRe
 	})
 	killer.Stop()
 	defer killer.Stop()
-	o.pid.mu.Lock() // lines wait for the pid
 	cmd, unit, err := procunit.Start("hook-"+app.Name+"-"+h.name, func() *exec.Cmd {
 		cmd := exec.CommandContext(ctx, h.argv[0], h.argv[1:]...)
 		cmd.Dir = h.dir
@@ -73,11 +72,12 @@ func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookRe
 		cmd.WaitDelay = hookKillGrace + time.Second
 		return cmd
 	})
+	pid := 0
 	if err == nil {
-		o.pid.pid = cmd.Process.Pid
+		pid = cmd.Process.Pid
 		started.Store(unit)
 	}
-	o.pid.mu.Unlock()
+	o.pid.store(pid) // the output lines waited for it
 	o.read()
 	if err != nil {
 		res.LastLines = o.finish()
@@ -153,7 +153,7 @@ type hookOutput struct {
 }
 
 func newHookOutput(rt *appRT, app *config.App, h *hookRun) (*hookOutput, error) {
-	o := &hookOutput{tail: logs.NewTail(hookTailLines), pid: &hookPID{}}
+	o := &hookOutput{tail: logs.NewTail(hookTailLines), pid: newHookPID()}
 	var err error
 	if o.outR, o.outW, err = os.Pipe(); err != nil {
 		return nil, err

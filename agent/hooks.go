@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
@@ -87,15 +86,23 @@ func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, emit func(worker
 	return res
 }
 
-// hookPID is a hook's pid, set (under mu) once it started.
+// hookPID is a hook's pid, set once it started (0: it did not): its
+// output lines wait for it.
 type hookPID struct {
-	mu  sync.Mutex
+	set chan struct{} // closed once pid is set
 	pid int
 }
 
+func newHookPID() *hookPID { return &hookPID{set: make(chan struct{})} }
+
+// store sets the pid; once.
+func (p *hookPID) store(pid int) {
+	p.pid = pid
+	close(p.set)
+}
+
 func (p *hookPID) get() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	<-p.set
 	return p.pid
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -240,15 +239,6 @@ func unknownApp(name string, cfg *config.Config) string {
 		known = "none"
 	}
 	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, cfg.Path, known)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return slices.Clip(keys)
 }
 
 // selfRSS is the agent's resident memory in bytes.

@@ -147,9 +147,10 @@ func (a *Agent) startApps() error {
 			return
 		case err != nil:
 			a.log.Error("app started with errors", "app", rt.name, "error", err)
+			err = fmt.Errorf("app %s: %w", rt.name, err)
 			mu.Lock()
 			defer mu.Unlock()
-			errs = append(errs, fmt.Errorf("app %s: %w", rt.name, err))
+			errs = append(errs, err)
 			return
 		}
 		st := rt.sup.Status()
