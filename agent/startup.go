@@ -121,7 +121,7 @@ func (a *Agent) startApps() error {
 	adopt := map[*appRT][]*workers.Handover{}
 	for _, rt := range a.appList() {
 		if a.state.get(rt.name).Stopped {
-			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
+			rt.log.Info("app stopped by `deployd stop`; not starting it")
 			rt.sup.Restore(pools[rt.name])
 			continue
 		}
@@ -142,11 +142,11 @@ func (a *Agent) startApps() error {
 		err := start()
 		switch {
 		case err != nil && unhealthy[rt.name]:
-			a.log.Warn("app taken over as it was: not healthy under the previous agent either", "app", rt.name,
+			rt.log.Warn("app taken over as it was: not healthy under the previous agent either",
 				"state", rt.sup.Status().State, "error", err)
 			return
 		case err != nil:
-			a.log.Error("app started with errors", "app", rt.name, "error", err)
+			rt.log.Error("app started with errors", "error", err)
 			err = fmt.Errorf("app %s: %w", rt.name, err)
 			mu.Lock()
 			defer mu.Unlock()
@@ -154,7 +154,7 @@ func (a *Agent) startApps() error {
 			return
 		}
 		st := rt.sup.Status()
-		a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances, "state", st.State,
+		rt.log.Info("app ready", "workers", rt.sup.Spec().Instances, "state", st.State,
 			"restarts", st.Restarts, "in", time.Since(t).Round(time.Millisecond))
 	})
 	return errors.Join(errs...)

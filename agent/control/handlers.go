@@ -23,16 +23,16 @@ func (s *Server) handlers() map[string]http.HandlerFunc {
 		"GET " + api.PathStatus:      s.handleStatus,
 		"GET " + api.PathVersion:     s.handleVersion,
 		"POST " + api.PathShutdown:   s.handleShutdown,
-		"POST " + api.PathReload:     s.handleReload,
+		"POST " + api.PathReload:     streamed(s.reload, resultLine),
 		"POST " + api.PathRestart:    appOp(s, (*agent.Agent).Restart),
 		"GET " + api.PathLogs:        s.handleLogs,
 		"POST " + api.PathLogsRotate: s.logFiles((*agent.Agent).RotateLogFiles),
 		"POST " + api.PathLogsFlush:  s.logFiles((*agent.Agent).EmptyLogFiles),
 		"POST " + api.PathUpgrade:    s.handleUpgrade,
-		"POST " + api.PathDeploy:     s.handleDeploy,
-		"POST " + api.PathRollback:   s.handleRollback,
+		"POST " + api.PathDeploy:     streamed(s.deploy, deployLine),
+		"POST " + api.PathRollback:   streamed(s.rollback, deployLine),
 		"GET " + api.PathReleases:    s.handleReleases,
-		"POST " + api.PathScale:      s.handleScale,
+		"POST " + api.PathScale:      streamed(s.scale, resultLine),
 		"POST " + api.PathStop:       appOp(s, (*agent.Agent).Stop),
 		"POST " + api.PathStart:      appOp(s, (*agent.Agent).Start),
 		"POST " + api.PathPromote:    appOp(s, (*agent.Agent).Promote),
@@ -110,71 +110,53 @@ func (s *Server) callerOf(r *http.Request) agent.Caller {
 	}
 }
 
-// streamed answers a streamed operation: op runs with the request's
-// progress stream; its refusal (before any event) is answered as an error,
-// else its result ends the stream as line(result).
-func streamed[R any](w http.ResponseWriter, op func(emit func(workers.Event)) (R, error), line func(R) api.StreamLine) {
-	st := newStream(w)
-	res, err := op(st.event)
-	if err != nil {
-		st.refuse(err)
-		return
+// emitter is where an operation sends its progress.
+type emitter = func(workers.Event)
+
+// streamed serves a streamed operation whose request is a Req: it decodes
+// the request and calls call with the request's progress stream; call's
+// refusal (before any event) is answered as an error, else its result ends
+// the stream as line(result).
+func streamed[Req, Res any](call func(r *http.Request, req Req, emit emitter) (Res, error), line func(Res) api.StreamLine) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		if !decode(w, r, &req) {
+			return
+		}
+		st := newStream(w)
+		res, err := call(r, req, st.event)
+		if err != nil {
+			st.refuse(err)
+			return
+		}
+		st.send(line(res))
 	}
-	st.send(line(res))
 }
 
 func resultLine(res *api.Result) api.StreamLine       { return api.StreamLine{Result: res} }
 func deployLine(res *api.DeployResult) api.StreamLine { return api.StreamLine{Deploy: res} }
 
 // appOp serves an operation on the app an api.AppRequest names.
-func appOp(s *Server, op func(a *agent.Agent, ctx context.Context, app string, emit func(workers.Event)) (*api.Result, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var req api.AppRequest
-		if !decode(w, r, &req) {
-			return
-		}
-		streamed(w, func(emit func(workers.Event)) (*api.Result, error) { return op(s.a, r.Context(), req.App, emit) }, resultLine)
-	}
-}
-
-func (s *Server) handleReload(w http.ResponseWriter, r *http.Request) {
-	var req api.ReloadRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	streamed(w, func(emit func(workers.Event)) (*api.Result, error) {
-		return s.a.Reload(r.Context(), req, s.callerOf(r), emit)
+func appOp(s *Server, op func(a *agent.Agent, ctx context.Context, app string, emit emitter) (*api.Result, error)) http.HandlerFunc {
+	return streamed(func(r *http.Request, req api.AppRequest, emit emitter) (*api.Result, error) {
+		return op(s.a, r.Context(), req.App, emit)
 	}, resultLine)
 }
 
-func (s *Server) handleDeploy(w http.ResponseWriter, r *http.Request) {
-	var req api.DeployRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	streamed(w, func(emit func(workers.Event)) (*api.DeployResult, error) {
-		return s.a.Deploy(r.Context(), req, s.callerOf(r), emit)
-	}, deployLine)
+func (s *Server) reload(r *http.Request, req api.ReloadRequest, emit emitter) (*api.Result, error) {
+	return s.a.Reload(r.Context(), req, s.callerOf(r), emit)
 }
 
-func (s *Server) handleRollback(w http.ResponseWriter, r *http.Request) {
-	var req api.RollbackRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	streamed(w, func(emit func(workers.Event)) (*api.DeployResult, error) {
-		return s.a.Rollback(r.Context(), req, emit)
-	}, deployLine)
+func (s *Server) deploy(r *http.Request, req api.DeployRequest, emit emitter) (*api.DeployResult, error) {
+	return s.a.Deploy(r.Context(), req, s.callerOf(r), emit)
 }
 
-func (s *Server) handleScale(w http.ResponseWriter, r *http.Request) {
-	var req api.ScaleRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	streamed(w, func(emit func(workers.Event)) (*api.Result, error) {
-		return s.a.Scale(r.Context(), req, emit)
-	}, resultLine)
+func (s *Server) rollback(r *http.Request, req api.RollbackRequest, emit emitter) (*api.DeployResult, error) {
+	return s.a.Rollback(r.Context(), req, emit)
+}
+
+func (s *Server) scale(r *http.Request, req api.ScaleRequest, emit emitter) (*api.Result, error) {
+	return s.a.Scale(r.Context(), req, emit)
 }
 
 func (s *Server) handleUpgrade(w http.ResponseWriter, r *http.Request) {
