@@ -63,12 +63,12 @@ func (a *Agent) reloadCanary(rt *appRT, app *config.App, lease *handoff.Lease, s
 	return res
 }
 
-// deployCanary holds a canary of a deploy (or rollback) of rt to release
-// version; its end records the release as rollTo does.
-func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Strategy, n int,
-	emit func(workers.Event), res *api.DeployResult) error {
+// deployCanary holds a canary of r.canary workers of a deploy (or
+// rollback) of rt to spec (release res.Version); its end records the
+// release as rollTo does.
+func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, r roll, emit func(workers.Event), res *api.DeployResult) error {
 	version, prev := res.Version, res.Previous
-	c := canaryOf(rt.config(), n, func(e workers.CanaryEnd) {
+	c := canaryOf(rt.config(), r.canary, func(e workers.CanaryEnd) {
 		if e.Outcome == workers.CanaryPromoted {
 			a.rollServing(rt, version, prev, &api.DeployResult{})
 			// The after hook runs once the release serves everywhere, in
@@ -82,11 +82,11 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Str
 		}
 		logCanaryEnd(rt, e)
 	})
-	if err := rt.sup.ReloadCanary(spec, strategy, c, emit); err != nil {
+	if err := rt.sup.ReloadCanary(spec, r.strategy, c, emit); err != nil {
 		return err
 	}
 	res.Status, res.Canary = api.DeployHeld, apiCanary(rt.sup.Status().Canary)
-	rt.log.Info("canary held", "release", version, "previous", prev, "workers", n)
+	rt.log.Info("canary held", "release", version, "previous", prev, "workers", r.canary)
 	return nil
 }
 

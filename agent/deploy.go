@@ -66,7 +66,8 @@ func (a *Agent) Deploy(ctx context.Context, req api.DeployRequest, by Caller, em
 		return nil, failWith(api.KindRefused, "deploy refused, nothing changed: %w", err)
 	}
 	rt.log.Info("release installed", "version", rel.Version, "sha256", rel.SHA256, "kind", rel.Kind)
-	res := a.rollWithHooks(rt, rel.Version, "deploy", rel.Created, strategy, req.Canary, emit, api.DeployDeployed)
+	res := a.rollWithHooks(rt, roll{op: "deploy", version: rel.Version, created: rel.Created, strategy: strategy,
+		canary: req.Canary, okStatus: api.DeployDeployed}, emit)
 	res.DurationSeconds = time.Since(t).Seconds()
 	return res, nil
 }
@@ -121,12 +122,12 @@ func checkReleaseCommand(rt *appRT, rel *release.Release) error {
 	return nil
 }
 
-// rollTo moves rt to release version with a reload and records the outcome
-// in the state file; with canary > 0 it holds a canary of that many workers
-// instead, and the hold's end records it. rt.busy is held.
-func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, canary int, emit func(workers.Event), okStatus string) *api.DeployResult {
-	prev := a.state.get(rt.name).Current
-	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: okStatus}
+// rollTo moves rt to release r.version with a reload and records the
+// outcome in the state file; with r.canary it holds a canary instead, and
+// the hold's end records it. rt.busy is held.
+func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployResult {
+	version, prev := r.version, a.state.get(rt.name).Current
+	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: r.okStatus}
 	if version == prev && len(rt.sup.Status().Workers) > 0 {
 		res.Status = api.DeployUnchanged
 		return res
@@ -134,12 +135,12 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, can
 	spec, err := a.specFor(rt.config(), rt.bound(), version)
 	switch {
 	case err != nil:
-	case canary > 0:
-		if err = a.deployCanary(rt, spec, strategy, canary, emit, res); err == nil {
+	case r.canary > 0:
+		if err = a.deployCanary(rt, spec, r, emit, res); err == nil {
 			return res
 		}
 	default:
-		err = rt.sup.Reload(spec, strategy, emit)
+		err = rt.sup.Reload(spec, r.strategy, emit)
 	}
 	if err != nil {
 		a.rollFailed(rt, version, err, res)
@@ -213,7 +214,7 @@ func (a *Agent) Rollback(_ context.Context, req api.RollbackRequest, emit func(w
 		return nil, err
 	}
 	t := time.Now()
-	res := a.rollWithHooks(rt, target, "rollback", false, strategy, 0, emit, api.DeployRolledBack)
+	res := a.rollWithHooks(rt, roll{op: "rollback", version: target, strategy: strategy, okStatus: api.DeployRolledBack}, emit)
 	res.DurationSeconds = time.Since(t).Seconds()
 	return res, nil
 }

@@ -188,19 +188,28 @@ func chownRelease(dir string, app *config.App) error {
 	return nil
 }
 
-// rollWithHooks runs rt's before hook in the folder of release version,
+// roll is a move of an app to a release: a deploy or a rollback.
+type roll struct {
+	op       string // "deploy" or "rollback"
+	version  string // the release it moves to
+	created  bool   // this deploy created the release's folder: removed again if refused
+	strategy workers.Strategy
+	canary   int    // > 0: hold a canary of that many workers
+	okStatus string // the DeployResult.Status when it went through
+}
+
+// rollWithHooks runs rt's before hook in the folder of release r.version,
 // rolls rt to it (rollTo), then runs the after hook once it serves (for a
 // canary: when it is promoted, deployCanary and queueAfter). A
 // before hook that fails refuses the operation: no worker changed, and a
-// release folder this deploy created (created) is removed again.
-func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strategy workers.Strategy, canary int,
-	emit func(workers.Event), okStatus string) *api.DeployResult {
-	app := rt.config()
+// release folder this deploy created is removed again.
+func (a *Agent) rollWithHooks(rt *appRT, r roll, emit func(workers.Event)) *api.DeployResult {
+	app, version, op := rt.config(), r.version, r.op
 	prev := a.state.get(rt.name).Current
 	current := version == prev && len(rt.sup.Status().Workers) > 0
 	var hooks []api.HookResult
 	if h := a.hookFor(app, "before", op, version, prev); h != nil && !current {
-		if created {
+		if r.created {
 			if err := chownRelease(h.dir, app); err != nil {
 				rt.log.Warn("give the release folder to the app's user", "error", err)
 			}
@@ -208,7 +217,7 @@ func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strat
 		hr := a.runHook(rt, app, h, emit)
 		hooks = append(hooks, hr)
 		if !hr.OK {
-			if created {
+			if r.created {
 				os.RemoveAll(h.dir)
 			}
 			serving := "nothing was serving"
@@ -220,8 +229,8 @@ func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strat
 				ExitStatus: hr.ExitStatus, LastLines: hr.LastLines, Hooks: hooks}
 		}
 	}
-	res := a.rollTo(rt, version, strategy, canary, emit, okStatus)
-	if h := a.hookFor(app, "after", op, version, prev); h != nil && res.Status == okStatus {
+	res := a.rollTo(rt, r, emit)
+	if h := a.hookFor(app, "after", op, version, prev); h != nil && res.Status == r.okStatus {
 		hooks = append(hooks, a.runHook(rt, app, h, emit))
 	}
 	res.Hooks = hooks
