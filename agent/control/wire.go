@@ -127,14 +127,11 @@ func (s *stream) event(e workers.Event) {
 	s.send(api.StreamLine{Event: &ae})
 }
 
-// refuse answers err, the refusal of an operation before it began.
+// refuse answers err, the refusal of an operation before it began: the
+// core refuses before its first event, so the answer has not started.
 func (s *stream) refuse(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.started { // the core refuses before any event; never here
-		_ = json.NewEncoder(s.w).Encode(api.StreamLine{Result: &api.Result{Apps: []api.AppResult{{Outcome: api.OutcomeFailed, Error: err.Error()}}}})
-		return
-	}
 	writeErr(s.w, err)
 }
 
