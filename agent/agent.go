@@ -51,16 +51,6 @@ type Options struct {
 	upgrader func(config.Agent) (upgrader, error)
 }
 
-// An Edge serves the agent to its clients; the agent runs it in its run
-// group.
-type Edge interface {
-	// Serve serves until Stop; it returns nil when Stop ended it.
-	Serve() error
-	// Stop stops accepting, answers what was accepted (bounded), and
-	// returns once Serve has. Safe to call twice.
-	Stop()
-}
-
 // SetupError is an error before the agent served anything: a bad config, a
 // busy address, a missing permission. The CLI exits 2 on it.
 type SetupError struct{ Err error }
@@ -438,31 +428,3 @@ func (a *Agent) Socket() string { return a.socket }
 
 // Settings are the [agent] settings the agent started with.
 func (a *Agent) Settings() config.Agent { return a.settings }
-
-// edge builds the edge that serves ctl (and the metrics listener); without
-// Options.Edge, one that holds ctl until stopped.
-func (a *Agent) edge(ctl net.Listener) Edge {
-	if a.newEdge != nil {
-		metrics := a.metrics
-		a.metrics = nil // the edge's now
-		return a.newEdge(a, ctl, metrics, a.log)
-	}
-	return &heldSocket{ln: ctl, stop: make(chan struct{})}
-}
-
-// heldSocket is the edge of an agent without one: the control socket stays
-// open, unanswered, until Stop.
-type heldSocket struct {
-	ln   net.Listener
-	once sync.Once
-	stop chan struct{}
-}
-
-func (h *heldSocket) Serve() error { <-h.stop; return nil }
-
-func (h *heldSocket) Stop() {
-	h.once.Do(func() {
-		h.ln.Close()
-		close(h.stop)
-	})
-}
