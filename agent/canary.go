@@ -38,28 +38,35 @@ func holdErr(e workers.CanaryEnd) error {
 	return &workers.AbandonedError{Reason: errors.New("canary " + string(e.Outcome)), RolledBack: true}
 }
 
-// reloadCanary holds a canary of a config reload of rt to app, whose spec
-// holds lease: the lease stays with rt (as a stale one, released with the
-// app) until the hold ends and settles it.
-func (a *Agent) reloadCanary(rt *appRT, app *config.App, lease *handoff.Lease, spec *workers.Spec,
-	strategy workers.Strategy, n int, emit func(workers.Event)) api.AppResult {
-	c := canaryOf(app, n, func(e workers.CanaryEnd) {
-		rt.unhold(lease)
-		rt.settle(app, lease, holdErr(e))
+// target is where a reload moves an app: its new config, the spec built
+// from it and the lease of that spec's listeners.
+type target struct {
+	app   *config.App
+	spec  *workers.Spec
+	lease *handoff.Lease
+}
+
+// reloadCanary holds a canary of n workers of a config reload of rt to t:
+// t's lease stays with rt (as a stale one, released with the app) until the
+// hold ends and settles it.
+func reloadCanary(rt *appRT, t target, strategy workers.Strategy, n int, emit func(workers.Event)) api.AppResult {
+	c := canaryOf(t.app, n, func(e workers.CanaryEnd) {
+		rt.unhold(t.lease)
+		rt.settle(t.app, t.lease, holdErr(e))
 		logCanaryEnd(rt, e)
 	})
-	rt.hold(lease)
-	err := rt.sup.ReloadCanary(spec, strategy, c, emit)
+	rt.hold(t.lease)
+	err := rt.sup.ReloadCanary(t.spec, strategy, c, emit)
 	if err != nil {
-		rt.unhold(lease)
-		rt.settle(app, lease, err)
-		res := appResult(app.Name, err)
-		res.Release = spec.Release
+		rt.unhold(t.lease)
+		rt.settle(t.app, t.lease, err)
+		res := appResult(rt.name, err)
+		res.Release = t.spec.Release
 		return res
 	}
-	res := api.AppResult{App: app.Name, Outcome: api.OutcomeHeld, Release: spec.Release,
+	res := api.AppResult{App: rt.name, Outcome: api.OutcomeHeld, Release: t.spec.Release,
 		Canary: apiCanary(rt.sup.Status().Canary)}
-	rt.log.Info("canary held", "release", spec.Release, "workers", n)
+	rt.log.Info("canary held", "release", t.spec.Release, "workers", n)
 	return res
 }
 

@@ -184,7 +184,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	}
 	a.scaledNotice(app, emit)
 	if canary > 0 {
-		return a.reloadCanary(rt, app, lease, spec, strategy, canary, emit)
+		return reloadCanary(rt, target{app: app, spec: spec, lease: lease}, strategy, canary, emit)
 	}
 	// The new workers' lines are written with the new [logs] settings;
 	// a reload that does not go through puts the old ones back.
