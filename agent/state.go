@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 
 	"github.com/deployd/deployd/internal/atomicfile"
@@ -114,8 +115,13 @@ func (s *stateFile) forget(app string) error {
 // names returns the apps the file holds.
 func (s *stateFile) names() []string {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return sortedKeys(s.apps)
+	names := make([]string, 0, len(s.apps))
+	for n := range s.apps {
+		names = append(names, n)
+	}
+	s.mu.Unlock()
+	sort.Strings(names)
+	return names
 }
 
 func (s *stateFile) writeLocked() error {
