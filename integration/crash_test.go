@@ -53,14 +53,10 @@ func TestAgentKillsAdoptWorkersUnderLoad(t *testing.T) {
 		kills, keys(before), worst.Round(time.Millisecond), lost)
 }
 
-// maxLostPerKill bounds the tick lines of one worker an agent SIGKILL may
-// lose: those the killed agent had read from the pipe and not yet written
-// to the file (its sink's queue). What no agent read waits in the pipe for
-// the next one: never lost, never repeated.
-const maxLostPerKill = 25
-
-// checkTicksAcrossKills fails if a tick line of a worker in pids is
-// repeated, or if more than maxLostPerKill lines per kill are missing; it
+// checkTicksAcrossKills fails unless every tick line of each worker in pids
+// is in the log exactly once, across the kills: what the killed agent had
+// taken out of a pipe waits in the worker's journal, and the append it may
+// have been making is found in the file or made again (logs.Journal). It
 // returns how many are missing in all.
 func checkTicksAcrossKills(t *testing.T, counts map[int]map[int]int, pids map[int]bool, kills int) (lost int) {
 	t.Helper()
@@ -84,10 +80,10 @@ func checkTicksAcrossKills(t *testing.T, counts map[int]map[int]int, pids map[in
 		switch {
 		case top == 0:
 			t.Errorf("worker %d: no tick line in the log", pid)
-		case len(dup) > 0 || len(missing) > maxLostPerKill*kills:
-			t.Errorf("worker %d: of ticks 1..%d, missing %v, repeated %v", pid, top, missing, dup)
+		case len(dup) > 0 || len(missing) > 0:
+			t.Errorf("worker %d: of ticks 1..%d (across %d kills), missing %v, repeated %v", pid, top, kills, missing, dup)
 		default:
-			t.Logf("worker %d: ticks 1..%d, none repeated, missing %v", pid, top, missing)
+			t.Logf("worker %d: ticks 1..%d, each once", pid, top)
 		}
 	}
 	return lost
