@@ -132,18 +132,7 @@ func TestRealSystemdAgentKillsAdoptWorkers(t *testing.T) {
 		if err := syscall.Kill(hp, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		// No agent answers until Restart= (RestartSec=1) starts the next.
-		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if pid := agentPIDWithin(a); pid != 0 && pid != old {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no new agent 60s after SIGKILL %d\n%s", i, sd.journal("deployd"))
-			}
-		}
-		st = a.WaitFor("the next agent, started by Restart=", 60*time.Second, func(st *api.Status) bool {
-			return st.Agent.PID != old && sd.mainPID("deployd") == st.Agent.PID && AllReady(st, "web", instances)
-		})
+		st = sd.nextAgent(a, old, instances)
 		d := time.Since(t0)
 		worst = max(worst, d)
 		if got := PIDs(appOf(st, "web")); !maps.Equal(got, pids) {
@@ -173,4 +162,22 @@ func TestRealSystemdAgentKillsAdoptWorkers(t *testing.T) {
 	lost := checkTicksAcrossKills(t, ticks(t, a.Dir), nspids, kills)
 	t.Logf("%d SIGKILLs of the main pid under systemd: same pids, slowest back to serving %s after the kill, %d tick lines lost",
 		kills, worst.Round(time.Millisecond), lost)
+}
+
+// nextAgent waits until the agent Restart= starts after old was killed
+// serves as the unit's main pid with n ready workers of web. No agent
+// answers until then (RestartSec=1).
+func (s *realSystemd) nextAgent(a *Agent, old, n int) *api.Status {
+	s.t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if pid := agentPIDWithin(a); pid != 0 && pid != old {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("no new agent 60s after agent %d was killed\n%s", old, s.journal("deployd"))
+		}
+	}
+	return a.WaitFor("the next agent, started by Restart=", 60*time.Second, func(st *api.Status) bool {
+		return st.Agent.PID != old && s.mainPID("deployd") == st.Agent.PID && AllReady(st, "web", n)
+	})
 }
