@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -83,6 +85,11 @@ func NewJournal(name string) (*Journal, error) {
 // sense is started afresh on the same file, and the error says so: what it
 // held is lost.
 func OpenJournal(f *os.File) (*Journal, error) {
+	// Only a journal is ever written: the fd a worker kept may have been
+	// closed and reused by the app for a file of its own.
+	if name, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(int(f.Fd()))); !strings.HasPrefix(name, "/memfd:deployd-journal-") {
+		return nil, fmt.Errorf("logs: journal: %q is not a deployd journal", name)
+	}
 	j := &Journal{f: f}
 	if err := j.load(); err != nil {
 		j.done, j.end, j.punched, j.pending, j.rec = journalData, journalData, journalData, nil, nil

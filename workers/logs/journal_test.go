@@ -47,7 +47,7 @@ func captureHelper() int {
 }
 
 // TestJournalExactlyOnceAcrossSIGKILLs SIGKILLs the capturing agent (a
-// helper process) 60 times at random moments while a writer fills the
+// helper process) up to 100 times (at least 30) at random moments while a writer fills the
 // pipe with numbered lines as fast as it can; each time the next helper
 // takes the same pipe and journal. Every line is in the log files exactly
 // once and in order: none lost with an agent, none written twice.
@@ -66,7 +66,7 @@ func TestJournalExactlyOnceAcrossSIGKILLs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	const total, kills = 1_000_000, 100
+	const total, kills, minKills = 1_000_000, 100, 30
 	wrote := make(chan error, 1)
 	go func() {
 		w := bufio.NewWriterSize(pw, 1000) // lines cut across writes, too
@@ -83,7 +83,8 @@ func TestJournalExactlyOnceAcrossSIGKILLs(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	for i := range kills {
+	killed := 0
+	for writing := true; writing && killed < kills; {
 		before := logBytes(t, path)
 		cmd := helper(t, path, pr, j)
 		// Kill it while it writes: once the log grew, at a random moment
@@ -91,15 +92,26 @@ func TestJournalExactlyOnceAcrossSIGKILLs(t *testing.T) {
 		for deadline := time.Now().Add(10 * time.Second); logBytes(t, path) == before; time.Sleep(100 * time.Microsecond) {
 			if time.Now().After(deadline) {
 				_ = cmd.Process.Kill()
-				t.Fatalf("kill %d: the helper wrote nothing in 10 s", i+1)
+				t.Fatalf("kill %d: the helper wrote nothing in 10 s", killed+1)
 			}
 		}
 		time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		if err := cmd.Wait(); err == nil {
-			t.Fatalf("kill %d: the helper ended before its SIGKILL: the writer is too slow for this test", i+1)
+			t.Fatalf("kill %d: the helper ended before its SIGKILL", killed+1)
+		}
+		killed++
+		select {
+		case err := <-wrote: // the writer is done: the last helper reads the rest
+			wrote <- err
+			writing = false
+		default:
 		}
 	}
+	if killed < minKills {
+		t.Fatalf("only %d kills before the writer was done; want %d (a faster machine needs more lines)", killed, minKills)
+	}
+	t.Logf("%d SIGKILLs of the capturing agent", killed)
 	cmd := helper(t, path, pr, j)
 	if err := <-wrote; err != nil {
 		t.Fatal(err)
@@ -151,4 +163,24 @@ func helper(t *testing.T, path string, pr *os.File, j *Journal) *exec.Cmd {
 		t.Fatal(err)
 	}
 	return cmd
+}
+
+// TestOpenJournalLeavesOtherFilesAlone: the fd a worker kept may now be a
+// file of the app's; OpenJournal refuses it without writing to it.
+func TestOpenJournalLeavesOtherFilesAlone(t *testing.T) {
+	path := t.TempDir() + "/data"
+	if err := os.WriteFile(path, []byte("the app's data\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if j, err := OpenJournal(f); err == nil || j != nil {
+		t.Fatalf("OpenJournal of a plain file: %v, %v; want an error", j, err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "the app's data\n" {
+		t.Fatalf("the file now holds %q", b)
+	}
 }
