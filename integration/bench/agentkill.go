@@ -69,6 +69,7 @@ func (s pm2Killer) reload(ctx context.Context, _ string) error {
 	if out, err := s.pm2(ctx, 2*time.Minute, "resurrect"); err != nil {
 		return fmt.Errorf("pm2 resurrect: %w\n%s", err, out)
 	}
+	s.b.logf("    pm2: pm2 resurrect returned %v after the kill", time.Since(t0).Round(time.Millisecond))
 	b, err := os.ReadFile(filepath.Join(s.home, "pm2.pid"))
 	if err != nil {
 		return fmt.Errorf("pm2 daemon pid: %w", err)
