@@ -5,7 +5,11 @@
 // what does not fit when the disk fails or stalls is counted and reported in
 // the file once writing works again, and rotation renames files instead of
 // copying and truncating them, so nothing written during a rotation is lost.
-// It also reads the files back for `deployd logs` (LastLines, Follow).
+// A worker's output pipe is read through a Journal (CaptureJournaled), so
+// that an agent SIGKILL neither loses nor repeats a line: its lines are
+// written at once, recorded in the journal, and the queue is used only while
+// writing fails or stalls. It also reads the files back for `deployd logs`
+// (LastLines, Follow).
 package logs
 
 import (
