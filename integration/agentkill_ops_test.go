@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -280,4 +281,110 @@ func requireNoStrays(t *testing.T, a *Agent) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// TestAgentKillsMidBurstLoseNoLine SIGKILLs the agent 5 times while both
+// workers of web print 1 000 000 numbered lines each as fast as they can,
+// each time once the log has grown under the current agent: the lines the
+// killed agent had taken out of a pipe and not yet written are in the
+// worker's journal for the next agent, so every line is in the log exactly
+// once (with lines read into the agent's memory, each such kill lost
+// thousands).
+func TestAgentKillsMidBurstLoseNoLine(t *testing.T) {
+	port := FreePort(t)
+	const n, kills, lines = 2, 5, 1_000_000
+	a := NewAgentDir(t, bins, appConfig("web", port, n, fmt.Sprintf(`env = { TESTAPP_LOG_SPAM = "%d" }`, lines)))
+	a.Start()
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", n) })
+	before := allWorkerPIDs(st)
+	logs := filepath.Join(a.Dir, "logs")
+	for i := range kills {
+		size := dirBytes(logs)
+		for deadline := time.Now().Add(20 * time.Second); dirBytes(logs) == size; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("kill %d: the log did not grow in 20 s (the burst ended too early?)", i+1)
+			}
+		}
+		killAgent(t, a)
+		a.Start()
+		st = a.WaitFor("workers adopted", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", n) })
+		if now := allWorkerPIDs(st); !maps.Equal(now, before) {
+			t.Fatalf("kill %d: workers %v, before %v: not adopted", i+1, keys(now), keys(before))
+		}
+	}
+	var counts map[int]map[int]int
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		counts = numbered(t, logs, "line")
+		done := true
+		for pid := range before {
+			done = done && counts[pid][lines] > 0
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the last line of each worker not in the log within 2 minutes of the last kill")
+		}
+	}
+	a.Stop()
+	for pid := range before {
+		var missing, dup int
+		for k := 1; k <= lines; k++ {
+			switch counts[pid][k] {
+			case 0:
+				missing++
+			case 1:
+			default:
+				dup++
+			}
+		}
+		if missing+dup > 0 {
+			t.Errorf("worker %d: of lines 1..%d across %d kills, %d missing, %d repeated", pid, lines, kills, missing, dup)
+		} else {
+			t.Logf("worker %d: lines 1..%d each once across %d kills", pid, lines, kills)
+		}
+	}
+}
+
+// dirBytes is the size of the files in dir together.
+func dirBytes(dir string) int64 {
+	var n int64
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+// numbered counts the lines "PREFIX <slot> <pid> <n>" of web's stdout log
+// in dir (the current file and the rotated ones), by pid and n.
+func numbered(t *testing.T, dir, prefix string) map[int]map[int]int {
+	t.Helper()
+	out := map[int]map[int]int{}
+	files, _ := filepath.Glob(filepath.Join(dir, "web.out*.log"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range strings.SplitSeq(string(b), "\n") {
+			_, rest, ok := strings.Cut(l, "] "+prefix+" ")
+			if !ok {
+				continue
+			}
+			fs := strings.Fields(rest)
+			if len(fs) != 3 {
+				continue
+			}
+			pid, _ := strconv.Atoi(fs[1])
+			k, _ := strconv.Atoi(fs[2])
+			if out[pid] == nil {
+				out[pid] = map[int]int{}
+			}
+			out[pid][k]++
+		}
+	}
+	return out
 }
