@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,6 +56,7 @@ func TestAgentKillDuringReloadKeepsServing(t *testing.T) {
 		t.Errorf("reload: exit %d, stderr %q: want a failure that says the agent stopped answering", r.Code, r.Stderr)
 	}
 
+	recorded := recordedPIDs(t, a.Dir)
 	a.Start()
 	st = a.Status()
 	if app := appOf(st, "web"); app.State == "" {
@@ -71,8 +73,13 @@ func TestAgentKillDuringReloadKeepsServing(t *testing.T) {
 	// the next agent serves (requireNoStrays waits for that).
 	now := allWorkerPIDs(st)
 	for pid := range started {
-		if !now[pid] {
-			t.Logf("v2 worker %d the dead agent started is not adopted (a stray: retired): workers now %v", pid, keys(now))
+		switch {
+		case recorded[pid] && !now[pid]:
+			t.Errorf("v2 worker %d, which the dead agent's record names, was not adopted: workers now %v\n%s", pid, keys(now), a.Log())
+		case recorded[pid]:
+			t.Logf("v2 worker %d the dead agent started is adopted", pid)
+		default:
+			t.Logf("v2 worker %d the dead agent started had no record yet: a stray, retired", pid)
 		}
 	}
 	waitAllGone(t, v1, 20*time.Second)
@@ -85,7 +92,7 @@ func TestAgentKillDuringReloadKeepsServing(t *testing.T) {
 	requireNoFailures(t, "agent SIGKILL during a reload", ka, nka)
 	requireSupervised(t, a, n)
 	requireNoStrays(t, a)
-	t.Logf("v1 %v retired after v2 %v was ready (%v adopted from the dead agent's reload)", keys(v1), keys(now), keys(started))
+	t.Logf("v1 %v retired after v2 %v was ready", keys(v1), keys(now))
 }
 
 // TestAgentKillDuringUpgradeKeepsServing SIGKILLs the agent that runs
@@ -345,6 +352,27 @@ func TestAgentKillsMidBurstLoseNoLine(t *testing.T) {
 		}
 	}
 }
+
+// recordedPIDs returns the worker pids that the agents' records in
+// dir/state/agents name.
+func recordedPIDs(t *testing.T, dir string) map[int]bool {
+	t.Helper()
+	out := map[int]bool{}
+	files, _ := filepath.Glob(filepath.Join(dir, "state", "agents", "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range pidField.FindAllSubmatch(b, -1) {
+			pid, _ := strconv.Atoi(string(m[1]))
+			out[pid] = true
+		}
+	}
+	return out
+}
+
+var pidField = regexp.MustCompile(`"pid":\s*(\d+)`)
 
 // dirBytes is the size of the files in dir together.
 func dirBytes(dir string) int64 {
