@@ -14,7 +14,8 @@ import (
 // TestRealSystemdSocketUnits runs the units `deployd startup systemd
 // --socket-unit` writes under a real systemd: the agent gets web's
 // listener from the socket unit (LISTEN_FDS) and serves it; two SIGKILLs
-// of the main pid under both loads keep the same workers serving (0
+// of the main pid, then a SIGKILL of the new and of the old agent during a
+// `systemctl reload`, under both loads, keep the same workers serving (0
 // failed, each tick line once); `systemctl restart`, which replaces the
 // workers, refuses no connection: they wait in the socket unit's queue.
 func TestRealSystemdSocketUnits(t *testing.T) {
@@ -57,8 +58,34 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 		t.Logf("SIGKILL %d of the main pid %d: agent %d serving with the same workers %s after the kill",
 			i, old, st.Agent.PID, time.Since(t0).Round(time.Millisecond))
 	}
+	// systemctl reload hands off to a new agent; SIGKILL the new one while
+	// it takes over, then, in the next reload, the old one.
+	for _, victim := range []string{"new", "old"} {
+		old := sd.mainPID("deployd")
+		hp := sd.hostPID(old)
+		sd.mustCtl("reload", "deployd")
+		child := waitChild(t, hp, 20*time.Second)
+		pid := map[string]int{"new": child, "old": hp}[victim]
+		t0 := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if victim == "new" {
+			st = a.WaitFor("the old agent serving on", 30*time.Second, func(st *api.Status) bool {
+				return st.Agent.PID == old && !Alive(child) && AllReady(st, "web", n)
+			})
+		} else {
+			st = sd.nextAgent(a, old, n)
+		}
+		if got := PIDs(appOf(st, "web")); !maps.Equal(got, pids) {
+			t.Fatalf("SIGKILL of the %s agent during systemctl reload replaced workers: %v, then %v\n%s",
+				victim, pids, got, sd.journal("deployd"))
+		}
+		t.Logf("systemctl reload, %s agent SIGKILLed during it: agent %d (MainPID %d) serves with the same workers %s after the kill",
+			victim, st.Agent.PID, sd.mainPID("deployd"), time.Since(t0).Round(time.Millisecond))
+	}
 	ka, nka := stop()
-	requireNoFailures(t, fmt.Sprintf("%d SIGKILLs of the main pid with a socket unit", kills), ka, nka)
+	requireNoFailures(t, fmt.Sprintf("%d SIGKILLs of the main pid and 2 during systemctl reload, with a socket unit", kills), ka, nka)
 
 	stop = startLoad(t, port, 8, time.Minute)
 	t1 := time.Now()
