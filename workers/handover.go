@@ -286,7 +286,7 @@ func (w *Worker) describe() *Handover {
 		Kept: w.kept, files: map[string]*os.File{"notify": nf}}
 	w.mu.Unlock()
 	h.Streams = append(h.Streams, "notify")
-	for _, name := range []string{"out", "err", "ipc", "node"} {
+	for _, name := range []string{"out", "err", "outj", "errj", "ipc", "node"} {
 		if f := w.ends[name]; f != nil {
 			h.files[name] = f
 			h.Streams = append(h.Streams, name)
