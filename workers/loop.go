@@ -46,6 +46,9 @@ type state struct {
 	// draining are the old workers replaced by an operation and left to
 	// drain in the background (drain.go); they belong to no slot.
 	draining []*drain
+	// steerActive is the slot count last given to the kernel's steering
+	// (steer.go).
+	steerActive int
 }
 
 type slot struct {
@@ -138,6 +141,7 @@ func (s *Supervisor) changeStateTo(st *state, e Event, change func()) Event {
 	if change != nil {
 		change()
 	}
+	s.steerPool(st)
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}

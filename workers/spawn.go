@@ -192,8 +192,13 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 			return nil, fmt.Errorf("%w: %w", ErrNotRecorded, err)
 		}
 	}
+	ls, members, err := workerListeners(spec)
+	if err != nil {
+		return nil, err
+	}
 	c, err := openChannels(a, spec)
 	if err != nil {
+		closeMembers(members)
 		return nil, err
 	}
 	cpu := -1
@@ -213,9 +218,12 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		if !spec.Node.Indirect && cpu < 0 {
 			execPath, direct = handoff.ExecPath(spec.Argv[0], env, spec.Dir)
 		}
-		if c.node, err = prepareNode(spec, env, c.health, direct); err != nil {
+		own := *spec
+		own.Listeners = ls
+		if c.node, err = prepareNode(&own, env, c.health, direct); err != nil {
 			c.closeChild()
 			c.closeParent()
+			closeMembers(members)
 			return nil, err
 		}
 		env, fixed = c.node.env, c.node.fixed
@@ -223,7 +231,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	keep, kept := c.keep()
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
-		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Health: c.health, Extra: extra, Fixed: fixed,
+		Stdout: c.outW, Stderr: c.errW, Listeners: ls, Health: c.health, Extra: extra, Fixed: fixed,
 		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
 	})
 	c.closeChild()
@@ -232,6 +240,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	}
 	if err != nil {
 		c.closeParent()
+		closeMembers(members)
 		return nil, err
 	}
 	// The shim execs the app in the same process: its start time stays.
@@ -241,6 +250,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
 		Started: time.Now(), spec: spec, proc: proc, startTime: start, tail: logs.NewTail(tailLines),
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, kept: kept,
+		members: members,
 	}
 	w.serve(a, spec, c, nil)
 	return w, nil

@@ -38,6 +38,9 @@ type AppStatus struct {
 	State     AppState
 	Release   string
 	Instances int
+	// Balance is how new connections reach the workers: "shared", "even"
+	// or "sticky" (kernel steering; see steer.go).
+	Balance string
 	// Workers are the slots' workers (current ones, and new ones being
 	// started, or ones being stopped, beside them).
 	Workers []WorkerStatus
@@ -67,7 +70,7 @@ func (s *Supervisor) Status() AppStatus {
 }
 
 func (in *state) status(app string) AppStatus {
-	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: len(in.slots),
+	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: len(in.slots), Balance: in.spec.Balance(),
 		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings()}
 	if in.op != nil {
 		st.Busy = in.op.busy(app)

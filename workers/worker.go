@@ -76,6 +76,9 @@ type Worker struct {
 	health    healthState
 	// saidStopping: the worker sent STOPPING=1 (it stopped accepting).
 	saidStopping bool
+	// members are the agent's copies of the worker's own sockets (kernel
+	// steering, steer.go) until it is put in its slot.
+	members []member
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
@@ -303,6 +306,7 @@ func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 
 // finish marks the worker exited once nothing of it is left.
 func (w *Worker) finish() {
+	closeMembers(w.takeMembers())
 	w.mu.Lock()
 	w.state = Exited
 	w.mu.Unlock()

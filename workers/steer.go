@@ -1,0 +1,136 @@
+package workers
+
+import (
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/steer"
+)
+
+// Kernel steering (balance = "even" or "sticky"): each worker listens on a
+// socket of its own in the address's reuseport group, and the kernel gives
+// a new connection to the socket that the group's program picks from a
+// map of slot → socket. The supervisor keeps that map in step with the
+// pool, from the one door every state change goes through (steerPool):
+//
+//   - a slot's current worker is put in the map once it is ready: a reload
+//     replaces the old worker's socket in one map update, before the old
+//     worker is told to stop, so the old one gets no new connection;
+//   - slots past the pool's size are emptied before their workers drain;
+//   - a socket that closes (its worker drained, stopped or crashed) leaves
+//     the map by itself, and the kernel hands its queued connections to
+//     another socket (request migration) instead of resetting them.
+//
+// The agent holds its copy of a worker's socket only until the worker is
+// in the map: from then on the worker's own close is what the kernel acts on.
+
+// member is a worker's own socket for one steered listener.
+type member struct {
+	group *steer.Group
+	sock  *handoff.Listener
+}
+
+// workerListeners returns the listeners a new worker gets: the spec's,
+// with a socket of its own in place of each steered one, and those
+// sockets. On error none stays open.
+func workerListeners(spec *Spec) ([]handoff.Bound, []member, error) {
+	ls := make([]handoff.Bound, 0, len(spec.Listeners))
+	var ms []member
+	for _, b := range spec.Listeners {
+		st := b.Steered()
+		if st == nil {
+			ls = append(ls, b)
+			continue
+		}
+		m, err := b.Member()
+		if err != nil {
+			closeMembers(ms)
+			return nil, nil, err
+		}
+		ms = append(ms, member{group: st.Group, sock: m})
+		ls = append(ls, handoff.Bound{Listener: m, Name: b.Name})
+	}
+	return ls, ms, nil
+}
+
+func closeMembers(ms []member) {
+	for _, m := range ms {
+		m.sock.Close()
+	}
+}
+
+// takeMembers hands over the agent's copies of w's own sockets (nil once
+// taken): to steerIn, or to be closed when w ends.
+func (w *Worker) takeMembers() []member {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ms := w.members
+	w.members = nil
+	return ms
+}
+
+// Balance says how the spec's TCP listeners spread connections: "shared"
+// (one socket all workers accept on), "even" or "sticky". A steered
+// setting the kernel could not give is "shared" (the agent log says why).
+func (spec *Spec) Balance() string {
+	for _, b := range spec.Listeners {
+		if b.Steered() != nil {
+			return b.Balance()
+		}
+	}
+	return handoff.BalanceShared
+}
+
+// steeredGroups are the steering programs of spec's listeners.
+func steeredGroups(spec *Spec) []*steer.Group {
+	var gs []*steer.Group
+	for _, b := range spec.Listeners {
+		if st := b.Steered(); st != nil {
+			gs = append(gs, st.Group)
+		}
+	}
+	return gs
+}
+
+// steerPool brings the kernel's map in step with the pool: the active
+// slot count, emptied slots past it, and each slot's ready current worker
+// in its place. Run by the loop, from changeStateTo.
+func (s *Supervisor) steerPool(st *state) {
+	gs := steeredGroups(st.spec)
+	if len(gs) == 0 {
+		return
+	}
+	n := len(st.slots)
+	if n != st.steerActive {
+		for _, g := range gs {
+			if err := g.SetActive(n); err != nil {
+				s.log.Error("steering: cannot set the pool size", "error", err)
+			}
+			for i := n; i < st.steerActive; i++ {
+				if err := g.Clear(i); err != nil {
+					s.log.Error("steering: cannot empty a slot", "worker", i, "error", err)
+				}
+			}
+		}
+		st.steerActive = n
+	}
+	for _, sl := range st.slots {
+		if w := sl.cur; w != nil && w.isReady() {
+			s.steerIn(sl.index, w)
+		}
+	}
+}
+
+// steerIn puts w's own sockets in slot (replacing the ones there), then
+// closes the agent's copies. A worker already in (or adopted) has none.
+func (s *Supervisor) steerIn(slot int, w *Worker) {
+	ms := w.takeMembers()
+	for _, m := range ms {
+		fd, err := m.sock.Fd()
+		if err == nil {
+			err = m.group.Set(slot, fd)
+		}
+		if err != nil {
+			s.log.Error("steering: cannot give a worker its connections", "worker", slot, "pid", w.PID, "error", err)
+		}
+	}
+	closeMembers(ms)
+}

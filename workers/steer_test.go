@@ -1,0 +1,278 @@
+package workers
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/steer"
+)
+
+func init() { helpers["answer"] = answer }
+
+// answer serves fd 3: every connection gets "PID\n" and is closed. On
+// SIGTERM it stops accepting (closes its socket), answers what it accepted
+// and exits.
+func answer() int {
+	term := notifyTerm()
+	ln, err := net.FileListener(os.NewFile(3, "listener"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 4
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fmt.Fprintf(c, "%d\n", os.Getpid())
+				c.Close()
+			}()
+		}
+	}()
+	if err := sdNotify("READY=1"); err != nil {
+		return 5
+	}
+	<-term
+	ln.Close()
+	wg.Wait()
+	return 0
+}
+
+// steeredListener leases a loopback listener with balance b.
+func steeredListener(t *testing.T, b string) (*handoff.Listener, string) {
+	t.Helper()
+	if err := steer.Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and kernel steering is unavailable: %v", err)
+		}
+		t.Skipf("kernel steering unavailable: %v", err)
+	}
+	r := handoff.NewRegistry(nil, nil, nil)
+	lease, err := r.Acquire("web", []handoff.Want{{URL: "tcp://127.0.0.1:0#http", Network: "tcp",
+		Address: "127.0.0.1:0", Name: "http", Balance: b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lease.Release(); r.Close() })
+	l := lease.Bound()[0].Listener
+	if l.Balance() != b {
+		t.Fatalf("listener balance %q, want %q", l.Balance(), b)
+	}
+	addr, err := l.LocalAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, addr
+}
+
+// ask connects to addr from src ("" = any) and returns the answering pid.
+func ask(addr, src string) (int, error) {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if src != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+	}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("read: %w", err)
+	}
+	return strconv.Atoi(strings.TrimSpace(line))
+}
+
+// tally is the outcome of a load: answers per pid, and failures.
+type tally struct {
+	mu     sync.Mutex
+	by     map[int]int
+	failed []error
+}
+
+// load asks addr from conc clients until stop is closed (at most max
+// requests in all) and returns the tally.
+func load(addr string, conc, max int, stop <-chan struct{}) *tally {
+	tl := &tally{by: map[int]int{}}
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n.Add(1) <= int64(max) && !isClosed(stop) {
+				pid, err := ask(addr, "")
+				tl.mu.Lock()
+				if err != nil {
+					tl.failed = append(tl.failed, err)
+				} else {
+					tl.by[pid]++
+				}
+				tl.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return tl
+}
+
+func TestSteeredReloadLosesNothing(t *testing.T) {
+	for _, b := range []string{handoff.BalanceEven, handoff.BalanceSticky} {
+		t.Run(b, func(t *testing.T) {
+			l, addr := steeredListener(t, b)
+			spec := testSpec(t, l, "answer", 3)
+			s := newSupervisor(t, spec)
+			mustStart(t, s)
+			if got := s.Status().Balance; got != b {
+				t.Fatalf("status balance %q, want %q", got, b)
+			}
+			before := load(addr, 4, 300, nil)
+			if len(before.failed) > 0 || (b == handoff.BalanceEven && len(before.by) != 3) {
+				t.Fatalf("before the reload: %d failed (%v), answers by pid %v", len(before.failed), before.failed, before.by)
+			}
+			stop := make(chan struct{})
+			var during *tally
+			done := make(chan struct{})
+			go func() { defer close(done); during = load(addr, 4, 100000, stop) }()
+			for i := range 2 {
+				spec = nextSpec(spec, "answer")
+				if err := s.Reload(spec, Rolling, nil); err != nil {
+					close(stop)
+					t.Fatalf("reload %d: %v", i, err)
+				}
+			}
+			close(stop)
+			<-done
+			if len(during.failed) > 0 {
+				t.Fatalf("%d of %d requests failed during two reloads: %v", len(during.failed),
+					len(during.failed)+sum(during.by), during.failed[:min(5, len(during.failed))])
+			}
+			now := pids(currentWorkers(s))
+			after := load(addr, 2, 60, nil)
+			for pid := range after.by {
+				if !containsInt(now, pid) {
+					t.Errorf("pid %d answered after the reload; the pool is %v", pid, now)
+				}
+			}
+			t.Logf("%s: %d requests during two reloads, 0 failed", b, sum(during.by))
+		})
+	}
+}
+
+func sum(m map[int]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// homes asks from each client address n times and returns the pid that
+// answered each; every answer of one client must come from one pid.
+func homes(t *testing.T, addr string, clients, n int) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for c := 2; c < 2+clients; c++ {
+		src := fmt.Sprintf("127.0.0.%d", c)
+		for range n {
+			pid, err := ask(addr, src)
+			if err != nil {
+				t.Fatalf("%s: %v", src, err)
+			}
+			if home, ok := out[src]; ok && home != pid {
+				t.Fatalf("%s was answered by pid %d and by pid %d", src, home, pid)
+			}
+			out[src] = pid
+		}
+	}
+	return out
+}
+
+func TestStickyClientsStayAndMoveTogether(t *testing.T) {
+	l, addr := steeredListener(t, handoff.BalanceSticky)
+	s := newSupervisor(t, testSpec(t, l, "answer", 3))
+	mustStart(t, s)
+	first := homes(t, addr, 12, 4)
+	byPid := map[int][]string{}
+	for src, pid := range first {
+		byPid[pid] = append(byPid[pid], src)
+	}
+	if len(byPid) < 2 {
+		t.Fatalf("12 clients all on %v", byPid)
+	}
+	// Kill one worker: its clients all move to one other worker.
+	var victim *Worker
+	for _, w := range currentWorkers(s) {
+		if len(byPid[w.PID]) > 0 {
+			victim = w
+		}
+	}
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitChan(t, "the killed worker's exit", victim.Done())
+	moved := homes(t, addr, 12, 4)
+	dest := map[int]bool{}
+	for src, pid := range first {
+		if pid == victim.PID {
+			dest[moved[src]] = true
+		} else if moved[src] != pid {
+			t.Errorf("%s moved from pid %d to %d though its worker lives", src, pid, moved[src])
+		}
+	}
+	if len(dest) != 1 || dest[victim.PID] {
+		t.Errorf("the killed worker's clients went to %v; want all to one other worker", dest)
+	}
+}
+
+func TestSteeredShrinkGivesTheGoneSlotNothing(t *testing.T) {
+	l, addr := steeredListener(t, handoff.BalanceEven)
+	s := newSupervisor(t, testSpec(t, l, "answer", 3))
+	mustStart(t, s)
+	if err := s.Scale(2, nil); err != nil {
+		t.Fatal(err)
+	}
+	now := pids(currentWorkers(s))
+	tl := load(addr, 2, 100, nil)
+	if len(tl.failed) > 0 || len(tl.by) != 2 {
+		t.Fatalf("after scale 2: %d failed (%v), answers by %v; the pool is %v", len(tl.failed), tl.failed, tl.by, now)
+	}
+	for pid := range tl.by {
+		if !containsInt(now, pid) {
+			t.Errorf("pid %d answered; the pool is %v", pid, now)
+		}
+	}
+	if err := s.Scale(3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if tl := load(addr, 2, 150, nil); len(tl.failed) > 0 || len(tl.by) != 3 {
+		t.Fatalf("after scale 3: %d failed, answers by %v", len(tl.failed), tl.by)
+	}
+}
