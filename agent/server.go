@@ -180,6 +180,10 @@ func appStatus(rt *appRT) api.App {
 	for _, l := range rt.config().Listen {
 		app.Listen = append(app.Listen, l.URL)
 	}
+	app.Balance = s.Balance
+	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
+		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
+	}
 	for _, w := range s.Workers {
 		app.Workers = append(app.Workers, apiWorker(w))
 	}

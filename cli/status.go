@@ -86,6 +86,9 @@ func printStatus(out io.Writer, st *api.Status) {
 	}
 	tw.Flush()
 	for _, a := range st.Apps {
+		if a.Balance == "even" || a.Balance == "sticky" {
+			fmt.Fprintf(out, "\n%s: balance %s (a socket per worker, steered by the kernel)\n", a.Name, a.Balance)
+		}
 		for _, w := range a.Warnings {
 			fmt.Fprintf(out, "\n%s: warning: listener %s\n", a.Name, w)
 		}

@@ -42,6 +42,10 @@ type App struct {
 	Release   string   `json:"release"`
 	Instances int      `json:"instances"`
 	Listen    []string `json:"listen"`
+	// Balance is how new connections reach the workers: "shared", "even"
+	// or "sticky" (docs/balance.md); "shared" where the kernel could not
+	// steer, with a warning.
+	Balance   string   `json:"balance"`
 	Restarts  int      `json:"restarts"`
 	LastExit  string   `json:"last_exit,omitempty"`
 	LastLines []string `json:"last_lines,omitempty"`
