@@ -1,9 +1,8 @@
 // Package steer chooses, in the kernel, which worker's socket gets each new
 // connection of an address: every worker listens on a socket of its own in
 // one SO_REUSEPORT group, and a BPF program of type sk_reuseport picks one
-// from a REUSEPORT_SOCKARRAY map the agent keeps in step with the pool — by
-// the connection's 4-tuple hash (Even) or by the client's IP address
-// (Sticky). The program is attached as BPF_SK_REUSEPORT_SELECT_OR_MIGRATE,
+// from a REUSEPORT_SOCKARRAY map the agent keeps in step with the pool — in
+// turn (Even) or by the client's IP address (Sticky). The program is attached as BPF_SK_REUSEPORT_SELECT_OR_MIGRATE,
 // so the kernel also asks it where the queued connections of a socket that
 // closes go (request migration, Linux 5.14): a worker that stops, drains or
 // crashes hands them to another instead of resetting them. The agent is
@@ -30,7 +29,9 @@ type Mode uint32
 
 // Modes.
 const (
-	// Even spreads connections by their 4-tuple hash.
+	// Even gives the slots a connection in turn. (A 4-tuple hash spreads
+	// many short connections as well, but a few long ones unevenly: 8
+	// keep-alive connections hashed over 8 workers leave some idle.)
 	Even Mode = 0
 	// Sticky sends every connection of a client IP address to the same
 	// worker while it lives; when it goes, its clients move together to one
@@ -62,7 +63,7 @@ type config struct {
 	Active uint32 // slots 0..Active-1 take connections; the rest are spares
 	Mode   uint32
 	Held   uint32 // 1: every new connection goes to the Hold socket
-	_      uint32
+	Next   uint32 // the arrival counter Even takes turns by
 }
 
 // Group is the program and maps of one address's reuseport group. Its
@@ -138,7 +139,7 @@ const (
 // program picks the socket of a new (or migrating) connection:
 //
 //	held:   the Hold socket, if there is one
-//	even:   slot = hash % active
+//	even:   slot = arrivals % active (turns, in arrival order)
 //	sticky: slot = mix(client IPv4, or the last word of an IPv6) % active
 //	then the first live slot from there on (a crashed worker's socket has
 //	left the map: its clients all go to the next one).
@@ -168,6 +169,12 @@ func program(socks, cfg *ebpf.Map) asm.Instructions {
 		asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // active
 		asm.LoadMem(asm.R8, asm.R0, 4, asm.Word), // mode
 		asm.LoadMem(asm.R9, asm.R0, 8, asm.Word), // held
+		// The arrival counter, then +1 (two CPUs may read the same value:
+		// a turn taken twice, no harm).
+		asm.LoadMem(asm.R1, asm.R0, 12, asm.Word),
+		asm.StoreMem(asm.RFP, -16, asm.R1, asm.Word),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.Word, 12),
 		asm.JEq.Imm(asm.R9, 0, "pick"),
 		asm.StoreImm(asm.RFP, -8, Hold, asm.Word),
 	)
@@ -176,8 +183,10 @@ func program(socks, cfg *ebpf.Map) asm.Instructions {
 		asm.JEq.Imm(asm.R0, 0, "pass"),
 		asm.JEq.Imm(asm.R7, 0, "pass").WithSymbol("pick"),
 		asm.JGT.Imm(asm.R7, MaxSlots, "pass"), // a bound the verifier can see
-		asm.LoadMem(asm.R9, asm.R6, mdHash, asm.Word),
+		asm.LoadMem(asm.R9, asm.RFP, -16, asm.Word),
 		asm.JEq.Imm(asm.R8, int32(Even), "spread"),
+		asm.LoadMem(asm.R9, asm.R6, mdHash, asm.Word), // sticky without an address
+
 		asm.Mov.Imm(asm.R2, 12), // IPv4 source address
 		asm.LoadMem(asm.R1, asm.R6, mdEthProtocol, asm.Word),
 		asm.JEq.Imm(asm.R1, ethIPv4, "load"),
