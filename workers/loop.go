@@ -47,8 +47,10 @@ type state struct {
 	// drain in the background (drain.go); they belong to no slot.
 	draining []*drain
 	// steerActive is the slot count last given to the kernel's steering
-	// (steer.go).
+	// (steer.go); connPause is the connection pause, nil when none
+	// (connpause.go).
 	steerActive int
+	connPause   *connPause
 }
 
 type slot struct {

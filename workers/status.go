@@ -41,6 +41,8 @@ type AppStatus struct {
 	// Balance is how new connections reach the workers: "shared", "even"
 	// or "sticky" (kernel steering; see steer.go).
 	Balance string
+	// Paused is the connection pause, nil when none (connpause.go).
+	Paused *PauseStatus
 	// Workers are the slots' workers (current ones, and new ones being
 	// started, or ones being stopped, beside them).
 	Workers []WorkerStatus
@@ -71,6 +73,7 @@ func (s *Supervisor) Status() AppStatus {
 
 func (in *state) status(app string) AppStatus {
 	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: len(in.slots), Balance: in.spec.Balance(),
+		Paused:   in.connPause.status(),
 		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings()}
 	if in.op != nil {
 		st.Busy = in.op.busy(app)

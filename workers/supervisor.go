@@ -210,7 +210,8 @@ func (s *Supervisor) Pause() error {
 func (s *Supervisor) Stop() { s.stopOnce.Do(s.stop) }
 
 func (s *Supervisor) stop() {
-	s.Resume() // a handoff in flight is over: this agent stops
+	s.Resume()            // a handoff in flight is over: this agent stops
+	s.ResumeConnections() // held connections go to the workers while they last
 	var running *opInfo
 	s.call(func(st *state) {
 		st.closing = true
