@@ -74,6 +74,15 @@ func (l *Listener) Member() (*Listener, error) {
 	return m, nil
 }
 
+// File returns the socket's descriptor as a file (the listener's own: the
+// caller must not close it), nil once closed: for a worker's own socket
+// that crosses an agent handoff.
+func (l *Listener) File() *os.File {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.file
+}
+
 // wantsSteering reports the mode w asks for; ok is false for a shared
 // listener (unix sockets are always shared).
 func wantsSteering(w Want) (steer.Mode, bool) {

@@ -353,6 +353,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 		w.state, w.readyAt = Ready, h.ReadyAt
 		w.readyOnce.Do(func() { close(w.ready) })
 	}
+	w.members = adoptMembers(spec, h)
 	w.serve(a, spec, c, h.Pending)
 	return w, nil
 }

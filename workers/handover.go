@@ -284,10 +284,20 @@ func (w *Worker) describe() *Handover {
 		Release: w.Release, Identity: w.spec.Identity(), Started: w.Started, ReadyAt: w.readyAt,
 		Status: w.status, StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Pending: pending,
 		Kept: w.kept, files: map[string]*os.File{"notify": nf}}
+	members := w.members
 	w.mu.Unlock()
 	h.Streams = append(h.Streams, "notify")
 	for _, name := range []string{"out", "err", "ipc", "node"} {
 		if f := w.ends[name]; f != nil {
+			h.files[name] = f
+			h.Streams = append(h.Streams, name)
+		}
+	}
+	// A worker not yet in the steering map crosses with its own sockets,
+	// for the next agent to put it there once it is ready.
+	for i, m := range members {
+		if f := m.sock.File(); f != nil {
+			name := steerStream(i)
 			h.files[name] = f
 			h.Streams = append(h.Streams, name)
 		}

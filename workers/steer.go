@@ -1,6 +1,8 @@
 package workers
 
 import (
+	"strconv"
+
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/steer"
 )
@@ -133,4 +135,32 @@ func (s *Supervisor) steerIn(slot int, w *Worker) {
 		}
 	}
 	closeMembers(ms)
+}
+
+// steerStream names a worker's i-th own socket in a Handover.
+func steerStream(i int) string { return "steer" + strconv.Itoa(i) }
+
+// adoptMembers takes the own sockets a worker of spec crossed a handoff
+// with (it was not in the steering map yet); a socket without a steered
+// listener to match is closed.
+func adoptMembers(spec *Spec, h *Handover) []member {
+	var ms []member
+	i := 0
+	for _, b := range spec.Listeners {
+		st := b.Steered()
+		if st == nil {
+			continue
+		}
+		if f := h.files[steerStream(i)]; f != nil {
+			ms = append(ms, member{group: st.Group, sock: handoff.Adopt(f, b.Network, b.Address)})
+			delete(h.files, steerStream(i))
+		}
+		i++
+	}
+	for name, f := range h.files {
+		if len(name) > 5 && name[:5] == "steer" {
+			f.Close()
+		}
+	}
+	return ms
 }

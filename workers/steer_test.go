@@ -360,3 +360,57 @@ func TestPauseOfASharedAppIsRefused(t *testing.T) {
 		t.Fatalf("PauseConnections on a shared app: %v, want ErrPauseNeedsSteering", err)
 	}
 }
+
+// answerSlowAgain is answer, ready at once the first time it runs and
+// after 500 ms the next times (MARKER is the file that tells).
+func answerSlowAgain() int {
+	if _, err := os.Stat(os.Getenv("MARKER")); err == nil {
+		time.Sleep(500 * time.Millisecond)
+	} else if err := os.WriteFile(os.Getenv("MARKER"), nil, 0o600); err != nil {
+		return 6
+	}
+	return answer()
+}
+
+func init() { helpers["answer-slow-again"] = answerSlowAgain }
+
+// TestAdoptedStartingWorkerJoinsTheMap: a worker still starting when an
+// agent hands over crosses with its own socket, and the next agent puts
+// it in its slot once it is ready.
+func TestAdoptedStartingWorkerJoinsTheMap(t *testing.T) {
+	l, addr := steeredListener(t, handoff.BalanceEven)
+	spec := testSpec(t, l, "answer-slow-again", 2)
+	spec.Env = append(spec.Env, "MARKER="+t.TempDir()+"/started")
+	old := New(Options{App: "web", Shim: testBinary(t)}, spec)
+	mustStart(t, old)
+	if err := syscall.Kill(currentWorkers(old)[1].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "slot 1 restarting", func() bool {
+		w := currentWorkers(old)[1]
+		return w.State() == Starting && w.PID > 0
+	})
+	hs, err := old.HandOver()
+	if err != nil {
+		t.Fatalf("HandOver: %v", err)
+	}
+	got := handOverTo(t, hs)
+	old.Release()
+	next := newSupervisor(t, spec)
+	if err := next.Adopt(got); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	ws := currentWorkers(next)
+	waitChan(t, "the adopted worker's readiness", ws[1].Ready())
+	waitFor(t, "the adopted worker in its slot", func() bool { return membersLeft(ws[1]) == 0 })
+	tl := load(addr, 1, 20, nil)
+	if len(tl.failed) > 0 || tl.by[ws[0].PID] != 10 || tl.by[ws[1].PID] != 10 {
+		t.Fatalf("answers %v (failed %v); want 10 each from %v", tl.by, tl.failed, pids(ws))
+	}
+}
+
+func membersLeft(w *Worker) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.members)
+}
