@@ -51,6 +51,9 @@ type state struct {
 	// (connpause.go).
 	steerActive int
 	connPause   *connPause
+	// pos gives the steering map's positions to slots (steer.go); a slot
+	// without one is a spare.
+	pos map[*slot]int
 }
 
 type slot struct {

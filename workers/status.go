@@ -31,6 +31,9 @@ type WorkerStatus struct {
 	// when due, or when recycle_after is off: see Recycles).
 	RecycleIn time.Duration
 	Recycles  bool
+	// Spare: the worker is ready but gets no connection until it takes
+	// the place of one that is not (Spec.Spares).
+	Spare bool
 }
 
 // AppStatus is a snapshot of an app's pool.
@@ -43,6 +46,9 @@ type AppStatus struct {
 	Balance string
 	// Paused is the connection pause, nil when none (connpause.go).
 	Paused *PauseStatus
+	// Spares is how many of the workers are spares (not counted in
+	// Instances).
+	Spares int
 	// Workers are the slots' workers (current ones, and new ones being
 	// started, or ones being stopped, beside them).
 	Workers []WorkerStatus
@@ -72,8 +78,9 @@ func (s *Supervisor) Status() AppStatus {
 }
 
 func (in *state) status(app string) AppStatus {
-	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: len(in.slots), Balance: in.spec.Balance(),
-		Paused:   in.connPause.status(),
+	spares := in.spares()
+	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: max(len(in.slots)-spares, 0), Balance: in.spec.Balance(),
+		Paused: in.connPause.status(), Spares: spares,
 		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings()}
 	if in.op != nil {
 		st.Busy = in.op.busy(app)
@@ -92,6 +99,9 @@ func (in *state) status(app string) AppStatus {
 			ws := in.workerStatus(sl.cur, now)
 			ws.Restarts, ws.MemoryReplacements, ws.WatchdogReplacements, ws.HealthReplacements =
 				sl.restarts, sl.memoryReplacements, sl.watchdogReplacements, sl.healthReplacements
+			if _, placed := in.pos[sl]; spares > 0 && !placed {
+				ws.Spare = true
+			}
 			if sl.spec != nil {
 				if at := recycleAt(sl.spec.RecycleAfter, sl.cur); !at.IsZero() {
 					ws.Recycles, ws.RecycleIn = true, max(at.Sub(now), 0)

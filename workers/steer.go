@@ -92,34 +92,91 @@ func steeredGroups(spec *Spec) []*steer.Group {
 	return gs
 }
 
-// steerPool brings the kernel's map in step with the pool: the active
-// slot count, emptied slots past it, and each slot's ready current worker
-// in its place. Run by the loop, from changeStateTo.
+// steerPool brings the kernel's map in step with the pool: each of the
+// first Instances-Spares map positions belongs to a slot, whose ready
+// current worker is put there; the other slots are spares, ready but in no
+// position. A position whose worker is gone or not ready passes to a ready
+// spare at once (a crash: the map changes, nothing starts; the crashed
+// slot's restart becomes the new spare). Positions past the active count
+// are emptied before their workers drain. Run by the loop, from
+// changeStateTo.
 func (s *Supervisor) steerPool(st *state) {
 	gs := steeredGroups(st.spec)
 	if len(gs) == 0 {
 		return
 	}
-	n := len(st.slots)
-	if n != st.steerActive {
+	active := max(min(st.spec.Instances, len(st.slots))-st.spares(), 0)
+	if active != st.steerActive {
 		for _, g := range gs {
-			if err := g.SetActive(n); err != nil {
+			if err := g.SetActive(active); err != nil {
 				s.log.Error("steering: cannot set the pool size", "error", err)
 			}
-			for i := n; i < st.steerActive; i++ {
+			for i := active; i < st.steerActive; i++ {
 				if err := g.Clear(i); err != nil {
 					s.log.Error("steering: cannot empty a slot", "worker", i, "error", err)
 				}
 			}
 		}
-		st.steerActive = n
+		st.steerActive = active
 	}
-	for _, sl := range st.slots {
+	s.placeSlots(st, active)
+	for sl, p := range st.pos {
 		if w := sl.cur; w != nil && w.isReady() {
-			s.steerIn(sl.index, w)
+			s.steerIn(p, w)
 		}
 	}
 }
+
+// placeSlots gives the positions 0..active-1 to slots: a slot keeps its
+// own while it lives, a free one goes to a slot without one (ready ones
+// first, then by index), and a position whose worker is not ready passes
+// to a ready spare.
+func (s *Supervisor) placeSlots(st *state, active int) {
+	if st.pos == nil {
+		st.pos = map[*slot]int{}
+	}
+	held := make([]*slot, active)
+	for sl, p := range st.pos {
+		if !st.live(sl) || p >= active {
+			delete(st.pos, sl)
+		} else {
+			held[p] = sl
+		}
+	}
+	var spares []*slot // unplaced, ready first
+	for _, ready := range []bool{true, false} {
+		for _, sl := range st.slots {
+			if _, ok := st.pos[sl]; !ok && readyCur(sl) == ready {
+				spares = append(spares, sl)
+			}
+		}
+	}
+	for p, sl := range held {
+		switch {
+		case sl == nil && len(spares) > 0:
+			held[p], spares = spares[0], spares[1:]
+		case sl != nil && !readyCur(sl) && len(spares) > 0 && readyCur(spares[0]):
+			s.log.Info("a spare takes the place of a worker that is not ready", "worker", sl.index, "spare", spares[0].index)
+			delete(st.pos, sl)
+			held[p], spares = spares[0], append(spares[1:], sl)
+		}
+		if held[p] != nil {
+			st.pos[held[p]] = p
+		}
+	}
+}
+
+// spares is how many slots are spares: Spec.Spares when the pool is
+// steered (a shared socket cannot keep a worker out of the rotation).
+func (st *state) spares() int {
+	if len(steeredGroups(st.spec)) == 0 {
+		return 0
+	}
+	return min(st.spec.Spares, len(st.slots))
+}
+
+// readyCur reports whether sl's current worker is ready.
+func readyCur(sl *slot) bool { return sl.cur != nil && sl.cur.isReady() && sl.cur.State() != Exited }
 
 // steerIn puts w's own sockets in slot (replacing the ones there), then
 // closes the agent's copies. A worker already in (or adopted) has none.

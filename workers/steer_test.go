@@ -414,3 +414,56 @@ func membersLeft(w *Worker) int {
 	defer w.mu.Unlock()
 	return len(w.members)
 }
+
+// spareOf returns the pid of the ready spare in st, 0 when none.
+func spareOf(st AppStatus) int {
+	for _, w := range st.Workers {
+		if w.Spare && w.State == Ready {
+			return w.PID
+		}
+	}
+	return 0
+}
+
+func TestSpareTakesACrashedWorkersPlaceAtOnce(t *testing.T) {
+	l, addr := steeredListener(t, handoff.BalanceEven)
+	spec := testSpec(t, l, "answer-slow-again", 3) // 2 serving, 1 spare; restarts take 500 ms
+	spec.Env = append(spec.Env, "MARKER="+t.TempDir()+"/started")
+	spec.Spares = 1
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	st := s.Status()
+	spare := spareOf(st)
+	if st.Instances != 2 || st.Spares != 1 || spare == 0 {
+		t.Fatalf("status: %d instances, %d spares, spare pid %d; want 2, 1 and a ready spare", st.Instances, st.Spares, spare)
+	}
+	tl := load(addr, 1, 20, nil)
+	if len(tl.failed) > 0 || len(tl.by) != 2 || tl.by[spare] != 0 {
+		t.Fatalf("answers %v (failed %v): the 2 serving workers, not the spare %d", tl.by, tl.failed, spare)
+	}
+	var victim *Worker
+	for _, w := range currentWorkers(s) {
+		if w.PID != spare {
+			victim = w
+		}
+	}
+	t0 := time.Now()
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the spare in the crashed worker's place", func() bool {
+		for _, w := range s.Status().Workers {
+			if w.PID == spare {
+				return !w.Spare
+			}
+		}
+		return false
+	})
+	took := time.Since(t0)
+	tl = load(addr, 1, 20, nil)
+	if len(tl.failed) > 0 || tl.by[spare] != 10 || len(tl.by) != 2 {
+		t.Fatalf("after the crash: answers %v (failed %v); want 10 from the former spare %d", tl.by, tl.failed, spare)
+	}
+	waitFor(t, "a new spare", func() bool { p := spareOf(s.Status()); return p != 0 && p != spare })
+	t.Logf("a spare served in the crashed worker's place %v after the SIGKILL", took.Round(time.Microsecond))
+}

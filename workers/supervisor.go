@@ -39,7 +39,12 @@ type Spec struct {
 	// config names them (the listener itself is shared and never changes).
 	Listeners []handoff.Bound
 
+	// Instances counts the slots, Spares among them: with kernel steering
+	// (balance even or sticky), Spares workers are started and kept ready
+	// but get no connection until one takes the place of a worker that
+	// is not ready (steer.go).
 	Instances    int
+	Spares       int
 	Ready        ReadyPolicy
 	ReadyTimeout time.Duration
 	// MinReady is how long a new worker of an operation must stay up after
