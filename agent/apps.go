@@ -235,6 +235,9 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
 		Health: healthPolicy(app.Health),
 	}
+	if spec.Balance() != handoff.BalanceShared && instances > 0 { // spares need steering (the registry logged a fallback)
+		spec.Instances, spec.Spares = instances+app.Spares, app.Spares
+	}
 	if spec.Node, err = a.nodeSpec(app, argv, ls); err != nil {
 		return nil, err
 	}

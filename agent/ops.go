@@ -68,7 +68,8 @@ func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
 	}
 	defer rt.busy.Unlock()
 	reset := req.Instances == api.ScaleReset
-	n, err := parseScale(req.Instances, rt.sup.Spec().Instances)
+	spec := rt.sup.Spec()
+	n, err := parseScale(req.Instances, spec.Instances-spec.Spares) // spares come on top
 	if reset {
 		n, err = rt.config().Instances, nil
 	}

@@ -180,7 +180,7 @@ func appStatus(rt *appRT) api.App {
 	for _, l := range rt.config().Listen {
 		app.Listen = append(app.Listen, l.URL)
 	}
-	app.Balance = s.Balance
+	app.Balance, app.Spares = s.Balance, s.Spares
 	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
 		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
 	}
@@ -200,7 +200,7 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 		MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
 		CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
 		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
-		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError,
+		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError, Spare: w.Spare,
 	}
 	if w.Recycles {
 		in := w.RecycleIn.Seconds()

@@ -74,7 +74,11 @@ func printStatus(out io.Writer, st *api.Status) {
 			fmt.Fprintf(tw, "%s\t-\t-\t%s\t%s\t-\t-\t%d\t-\t-\n", a.Name, a.State, a.Release, a.Restarts)
 		}
 		for _, w := range a.Workers {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%d\t%.1f%%\t%s\n", a.Name, w.Slot, w.PID, w.State,
+			state := w.State
+			if w.Spare {
+				state += " (spare)"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%d\t%.1f%%\t%s\n", a.Name, w.Slot, w.PID, state,
 				w.Release, w.Generation, fmtDuration(w.UptimeSeconds), w.Restarts, w.CPUPercent, fmtBytes(w.RSSBytes))
 		}
 		// Old workers draining in the background: no longer in a slot

@@ -45,7 +45,9 @@ type App struct {
 	// Balance is how new connections reach the workers: "shared", "even"
 	// or "sticky" (docs/balance.md); "shared" where the kernel could not
 	// steer, with a warning.
-	Balance   string   `json:"balance"`
+	Balance string `json:"balance"`
+	// Spares is how many of Workers are spares (not counted in Instances).
+	Spares    int      `json:"spares,omitempty"`
 	Restarts  int      `json:"restarts"`
 	LastExit  string   `json:"last_exit,omitempty"`
 	LastLines []string `json:"last_lines,omitempty"`
@@ -94,6 +96,9 @@ type Worker struct {
 	// RecycleInSeconds is how long until recycle_after replaces the
 	// worker (0 once due); absent when recycle_after is off.
 	RecycleInSeconds *float64 `json:"recycle_in_seconds,omitempty"`
+	// Spare: ready, but given no connection until it takes the place of
+	// a worker that crashed (the app's spares).
+	Spare bool `json:"spare,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.

@@ -26,6 +26,7 @@ type rawApp struct {
 	MinReady     toml.Primitive `toml:"min_ready"`
 	TCPNoDelay   toml.Primitive `toml:"tcp_nodelay"`
 	Balance      toml.Primitive `toml:"balance"`
+	Spares       toml.Primitive `toml:"spares"`
 	StopSignal   toml.Primitive `toml:"stop_signal"`
 	StopTimeout  toml.Primitive `toml:"stop_timeout"`
 	Nonblocking  toml.Primitive `toml:"nonblocking"`
@@ -153,6 +154,11 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 			d.fail(k("balance"), strconv.Quote(s), hint(nil,
 				`unknown balance; use "shared" (one socket all workers accept on), "even" (connections spread evenly) or "sticky" (a client IP stays on one worker)`))
 		}
+	}
+	d.integer(raw.Spares, k("spares"), &a.Spares, 0)
+	if a.Spares > 0 && a.Balance == "shared" {
+		d.fail(k("spares"), strconv.Itoa(a.Spares), hint(nil,
+			`spares need balance = "even" or "sticky" (a shared socket cannot keep a worker out of the rotation); set balance or spares = 0`))
 	}
 	if s, ok := get[string](d, raw.StopSignal, k("stop_signal")); ok {
 		if sig, err := parseSignal(s); err != nil {

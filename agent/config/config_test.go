@@ -79,6 +79,7 @@ func TestErrors(t *testing.T) {
 		{"type bool", web + `nonblocking = "yes"`, 3, "apps.web.nonblocking", "want true or false"},
 		{"tcp_nodelay type", web + `tcp_nodelay = "off"`, 3, "apps.web.tcp_nodelay", "want true or false"},
 		{"balance unknown", web + `balance = "round-robin"`, 3, `apps.web.balance = "round-robin"`, `unknown balance; use "shared"`},
+		{"spares without steering", web + `spares = 1`, 3, "apps.web.spares = 1", `spares need balance = "even" or "sticky"`},
 		{"min_ready negative", web + `min_ready = "-1s"`, 3, "apps.web.min_ready", "must not be negative"},
 		{"min_ready unit", web + `min_ready = "2"`, 3, "apps.web.min_ready", "not a duration"},
 		{"canary_timeout negative", web + `canary_timeout = "-1m"`, 3, "apps.web.canary_timeout", "must not be negative"},
