@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -181,4 +182,74 @@ func findTool(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s not found in /usr/bin, /bin, /usr/sbin, /sbin", name)
+}
+
+// servingStrength reports whether app serves with n ready workers that are
+// not spares, none of them pid gone.
+func servingStrength(st *api.Status, n, gone int) bool {
+	serving := 0
+	for _, w := range appOf(st, "web").Workers {
+		if w.State == "ready" && !w.Spare && w.PID != gone {
+			serving++
+		}
+	}
+	return serving == n
+}
+
+// recoverAfterKill SIGKILLs a serving worker of a started app and returns
+// how long until the app served with n ready workers again, by status.
+func recoverAfterKill(t *testing.T, a *Agent, n int) time.Duration {
+	t.Helper()
+	var victim int
+	for _, w := range appOf(a.Status(), "web").Workers {
+		if !w.Spare {
+			victim = w.PID
+		}
+	}
+	t0 := time.Now()
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	a.WaitFor("full strength again", 20*time.Second, func(st *api.Status) bool { return servingStrength(st, n, victim) })
+	return time.Since(t0)
+}
+
+// TestSpareTakesACrashedWorkersPlace: with spares = 1, an app that takes
+// 1 s to start is back at full strength after a SIGKILL well before a
+// restarted worker could be (spares = 0 measured beside it), serves from
+// the former spare, and gets a new spare.
+func TestSpareTakesACrashedWorkersPlace(t *testing.T) {
+	needSteering(t)
+	const delay = `TESTAPP_STARTUP_DELAY = "1s"`
+	took := map[int]time.Duration{}
+	for _, spares := range []int{0, 1} {
+		port := FreePort(t)
+		a := StartAgent(t, bins, versionedApp(port, 2, "v1", delay, fmt.Sprintf("balance = \"even\"\nspares = %d", spares)))
+		a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2+spares) })
+		if got := appOf(a.Status(), "web").Spares; got != spares {
+			t.Fatalf("status spares %d, want %d", got, spares)
+		}
+		took[spares] = recoverAfterKill(t, a, 2)
+		if spares == 1 {
+			a.WaitFor("a new spare", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 3) })
+			identities(t, port, servingPIDs(a.Status()))
+		}
+		a.Stop()
+	}
+	t.Logf("back at full strength after a SIGKILL (app start 1 s): spares = 0: %v, spares = 1: %v",
+		took[0].Round(time.Millisecond), took[1].Round(time.Millisecond))
+	if took[1] >= time.Second {
+		t.Errorf("with a spare, full strength took %v: as long as a restart", took[1])
+	}
+}
+
+// servingPIDs maps slot → pid of the app's workers that are not spares.
+func servingPIDs(st *api.Status) map[int]int {
+	out := map[int]int{}
+	for _, w := range appOf(st, "web").Workers {
+		if !w.Spare {
+			out[w.Slot] = w.PID
+		}
+	}
+	return out
 }
