@@ -30,6 +30,7 @@ type spawnArgs struct {
 	beforeStart func(slot int) error
 	marker      string
 	onReady     func(pid int)
+	steerReady  func(*Worker)
 }
 
 // EnvAgentID names the worker's marker: the agent that started it
@@ -265,6 +266,9 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		uid = int(spec.Credential.Uid)
 	}
 	w.pz, w.notify, w.onReady = newPauser(pending), c.notify, a.onReady
+	if len(steeredGroups(spec)) > 0 {
+		w.steerReady = a.steerReady
+	}
 	stopHealth := w.checkHealth(spec, c.healthAddr, a.healthFailed)
 	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup

@@ -100,7 +100,17 @@ func steeredGroups(spec *Spec) []*steer.Group {
 // slot's restart becomes the new spare). Positions past the active count
 // are emptied before their workers drain. Run by the loop, from
 // changeStateTo.
-func (s *Supervisor) steerPool(st *state) {
+func (s *Supervisor) steerPool(st *state) { s.steerPoolWith(st, nil) }
+
+// steerReady puts w in its place as it gets ready, before its state says
+// ready: whoever sees it ready can reach it. Called from w's reader (its
+// markReady), through the loop.
+func (s *Supervisor) steerReady(w *Worker) {
+	s.call(func(st *state) { s.steerPoolWith(st, w) })
+}
+
+// steerPoolWith is steerPool, with ready counting as ready already.
+func (s *Supervisor) steerPoolWith(st *state, ready *Worker) {
 	gs := steeredGroups(st.spec)
 	if len(gs) == 0 {
 		return
@@ -119,9 +129,13 @@ func (s *Supervisor) steerPool(st *state) {
 		}
 		st.steerActive = active
 	}
-	s.placeSlots(st, active)
+	s.placeSlots(st, active, ready)
 	for sl, p := range st.pos {
-		if w := sl.cur; w != nil && w.isReady() {
+		w := sl.cur
+		if st.handover != nil && st.handover.workers[w] {
+			continue // its own sockets cross to the next agent, which steers it in
+		}
+		if w != nil && (w.isReady() || w == ready) {
 			s.steerIn(p, w)
 		}
 	}
@@ -131,7 +145,8 @@ func (s *Supervisor) steerPool(st *state) {
 // own while it lives, a free one goes to a slot without one (ready ones
 // first, then by index), and a position whose worker is not ready passes
 // to a ready spare.
-func (s *Supervisor) placeSlots(st *state, active int) {
+func (s *Supervisor) placeSlots(st *state, active int, ready *Worker) {
+	readyCur := func(sl *slot) bool { return sl.cur != nil && (sl.cur == ready || readyCur(sl)) }
 	if st.pos == nil {
 		st.pos = map[*slot]int{}
 	}

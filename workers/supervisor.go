@@ -162,7 +162,7 @@ func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
 		notifyDir: s.opts.NotifyDir, log: s.log, healthFailed: &s.healthFailed,
-		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker, onReady: s.opts.OnReady,
+		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker, onReady: s.opts.OnReady, steerReady: s.steerReady,
 	}
 }
 

@@ -57,12 +57,15 @@ type Worker struct {
 	// the agent's ends (handoff.Proc.Keep), for the agent that comes after
 	// a crash (TakeBack); nil when it holds none. Set before serve.
 	kept map[string]int
-	// onReady is Options.OnReady; set before serve.
-	onReady func(pid int)
-	notify  *handoff.NotifySocket
-	tail    *logs.Tail
-	ready   chan struct{} // closed when ready
-	exited  chan struct{} // closed after Wait and after output is drained
+	// onReady is Options.OnReady; set before serve. steerReady, for a
+	// steered pool, puts it in the steering map (steer.go) before its
+	// state says ready.
+	onReady    func(pid int)
+	steerReady func(*Worker)
+	notify     *handoff.NotifySocket
+	tail       *logs.Tail
+	ready      chan struct{} // closed when ready
+	exited     chan struct{} // closed after Wait and after output is drained
 
 	mu        sync.Mutex
 	state     State
@@ -115,6 +118,9 @@ func (w *Worker) markReady() {
 		// status showed a worker ready must leave it recorded ready.
 		if w.onReady != nil {
 			w.onReady(w.PID)
+		}
+		if w.steerReady != nil {
+			w.steerReady(w)
 		}
 		w.mu.Lock()
 		if w.state == Starting {
