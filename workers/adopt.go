@@ -199,6 +199,7 @@ func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Hand
 			st.spec, st.slots = spec, slots
 			if pool != nil {
 				st.lastExit, st.lastLines = pool.LastExit, slices.Clone(pool.LastLines)
+				st.pos = pool.positions(slots, adopted)
 			}
 		})
 	})

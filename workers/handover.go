@@ -165,6 +165,9 @@ type SlotHandover struct {
 	MemoryReplacements   int `json:"memory_replacements"`
 	WatchdogReplacements int `json:"watchdog_replacements"`
 	HealthReplacements   int `json:"health_replacements"`
+	// Position is the slot's place in the kernel's steering map (steer.go),
+	// nil for a spare or a shared pool.
+	Position *int `json:"position,omitempty"`
 }
 
 // handover is what a supervisor handed over: its frozen operation, the
@@ -252,6 +255,9 @@ func (st *state) poolHandover() *PoolHandover {
 			WatchdogReplacements: sl.watchdogReplacements, HealthReplacements: sl.healthReplacements}
 		if sl.timer != nil {
 			ps.RestartAt = sl.restartAt
+		}
+		if p, ok := st.pos[sl]; ok {
+			ps.Position = &p
 		}
 		if w := sl.cur; w != nil {
 			ps.PID = w.PID

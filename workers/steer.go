@@ -95,8 +95,8 @@ func steeredGroups(spec *Spec) []*steer.Group {
 // steerPool brings the kernel's map in step with the pool: each of the
 // first Instances-Spares map positions belongs to a slot, whose ready
 // current worker is put there; the other slots are spares, ready but in no
-// position. A position whose worker is gone or not ready passes to a ready
-// spare at once (a crash: the map changes, nothing starts; the crashed
+// position. A position whose worker exited passes to a ready spare at
+// once (a crash: the map changes, nothing starts; the crashed
 // slot's restart becomes the new spare). Positions past the active count
 // are emptied before their workers drain. Run by the loop, from
 // changeStateTo.
@@ -143,8 +143,8 @@ func (s *Supervisor) steerPoolWith(st *state, ready *Worker) {
 
 // placeSlots gives the positions 0..active-1 to slots: a slot keeps its
 // own while it lives, a free one goes to a slot without one (ready ones
-// first, then by index), and a position whose worker is not ready passes
-// to a ready spare.
+// first, then by index), and a position whose worker exited passes to a
+// ready spare.
 func (s *Supervisor) placeSlots(st *state, active int, ready *Worker) {
 	readyCur := func(sl *slot) bool { return sl.cur != nil && (sl.cur == ready || readyCur(sl)) }
 	if st.pos == nil {
@@ -170,8 +170,8 @@ func (s *Supervisor) placeSlots(st *state, active int, ready *Worker) {
 		switch {
 		case sl == nil && len(spares) > 0:
 			held[p], spares = spares[0], spares[1:]
-		case sl != nil && !readyCur(sl) && len(spares) > 0 && readyCur(spares[0]):
-			s.log.Info("a spare takes the place of a worker that is not ready", "worker", sl.index, "spare", spares[0].index)
+		case sl != nil && sl.cur != nil && sl.cur.State() == Exited && len(spares) > 0 && readyCur(spares[0]):
+			s.log.Info("a spare takes the place of a worker that exited", "worker", sl.index, "spare", spares[0].index)
 			delete(st.pos, sl)
 			held[p], spares = spares[0], append(spares[1:], sl)
 		}
@@ -235,4 +235,17 @@ func adoptMembers(spec *Spec, h *Handover) []member {
 		}
 	}
 	return ms
+}
+
+// positions gives the adopted workers' slots the places they had in the
+// steering map under the previous agent, so that the map and the spares
+// stay as they were; other slots get theirs from placeSlots.
+func (p *PoolHandover) positions(slots []*slot, adopted map[int]*Worker) map[*slot]int {
+	pos, taken := map[*slot]int{}, map[int]bool{}
+	for _, ps := range p.Slots {
+		if ps.Position != nil && !taken[*ps.Position] && ps.Index < len(slots) && adopted[ps.Index] != nil {
+			pos[slots[ps.Index]], taken[*ps.Position] = *ps.Position, true
+		}
+	}
+	return pos
 }

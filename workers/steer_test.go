@@ -467,3 +467,48 @@ func TestSpareTakesACrashedWorkersPlaceAtOnce(t *testing.T) {
 	waitFor(t, "a new spare", func() bool { p := spareOf(s.Status()); return p != 0 && p != spare })
 	t.Logf("a spare served in the crashed worker's place %v after the SIGKILL", took.Round(time.Microsecond))
 }
+
+// TestSparesCrossAHandover: after a spare took a crashed worker's place,
+// an agent upgrade keeps who serves and who is the spare, and the adopted
+// spare can still take a place.
+func TestSparesCrossAHandover(t *testing.T) {
+	l, addr := steeredListener(t, handoff.BalanceEven)
+	spec := testSpec(t, l, "answer", 3)
+	spec.Spares = 1
+	old := New(Options{App: "web", Shim: testBinary(t)}, spec)
+	mustStart(t, old)
+	ws := currentWorkers(old)
+	if err := syscall.Kill(ws[0].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "slot 0 back as the spare", func() bool {
+		p := spareOf(old.Status())
+		return p != 0 && p == currentWorkers(old)[0].PID
+	})
+	spare := currentWorkers(old)[0].PID
+	pool, hs, err := old.HandOverPool()
+	if err != nil {
+		t.Fatalf("HandOver: %v", err)
+	}
+	pool = roundTrip(t, pool)
+	got := handOverTo(t, hs)
+	old.Release()
+	next := newSupervisor(t, spec)
+	if err := next.AdoptPool(pool, got); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	if p := spareOf(next.Status()); p != spare {
+		t.Fatalf("after the handover the spare is %d, want %d (status %+v)", p, spare, next.Status().Workers)
+	}
+	serving := pids(currentWorkers(next))[1:]
+	if tl := load(addr, 1, 20, nil); len(tl.failed) > 0 || tl.by[serving[0]] != 10 || tl.by[serving[1]] != 10 {
+		t.Fatalf("answers %v (failed %v); want 10 each from %v", tl.by, tl.failed, serving)
+	}
+	if err := syscall.Kill(serving[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the adopted spare in place", func() bool {
+		tl := load(addr, 1, 2, nil)
+		return len(tl.failed) == 0 && tl.by[spare] == 1
+	})
+}
