@@ -253,3 +253,41 @@ func servingPIDs(st *api.Status) map[int]int {
 	}
 	return out
 }
+
+// TestAgentKillWithSteeredPool: an agent SIGKILLed under load leaves a
+// steered pool serving; the next agent adopts the workers (it cannot take
+// the steering over without the previous agent's handoff, so the log says
+// the listener falls back to shared) and reloads with no failed request.
+func TestAgentKillWithSteeredPool(t *testing.T) {
+	needSteering(t)
+	port := FreePort(t)
+	const instances = 2
+	extra := `balance = "even"`
+	a := NewAgentDir(t, bins, versionedApp(port, instances, "v1", "", extra))
+	a.Start()
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	before := allWorkerPIDs(st)
+	stop := startLoad(t, port, 8, 2*time.Minute)
+	pid := a.PID()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExited(t, pid, 10*time.Second)
+	a.Start()
+	st = a.WaitFor("workers adopted", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	if now := allWorkerPIDs(st); fmt.Sprint(keys(now)) != fmt.Sprint(keys(before)) {
+		t.Fatalf("workers %v, before the kill %v: not adopted\n%s", keys(now), keys(before), a.Log())
+	}
+	a.WriteConfig(versionedApp(port, instances, "v2", "", extra))
+	if r := a.CLI("reload", "web"); r.Code != 0 {
+		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
+	}
+	ka, nka := stop()
+	requireNoFailures(t, "an agent SIGKILL and a reload", ka, nka)
+	for p, v := range identities(t, port, PIDs(appOf(a.Status(), "web"))) {
+		if v != "v2" {
+			t.Errorf("worker %d answers %s after the reload", p, v)
+		}
+	}
+	t.Logf("balance after the agent's crash: %q", appOf(a.Status(), "web").Balance)
+}
