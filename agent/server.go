@@ -202,6 +202,10 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
 		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError, Spare: w.Spare,
 	}
+	if w.Steered {
+		n := w.Connections
+		aw.Connections = &n
+	}
 	if w.Recycles {
 		in := w.RecycleIn.Seconds()
 		aw.RecycleInSeconds = &in

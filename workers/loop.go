@@ -52,8 +52,10 @@ type state struct {
 	steerActive int
 	connPause   *connPause
 	// pos gives the steering map's positions to slots (steer.go); a slot
-	// without one is a spare.
-	pos map[*slot]int
+	// without one is a spare. connBase is the position's connection count
+	// when each worker took it.
+	pos      map[*slot]int
+	connBase map[*Worker]uint64
 }
 
 type slot struct {

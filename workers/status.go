@@ -34,6 +34,10 @@ type WorkerStatus struct {
 	// Spare: the worker is ready but gets no connection until it takes
 	// the place of one that is not (Spec.Spares).
 	Spare bool
+	// Connections counts the new connections kernel steering gave the
+	// worker since it took its place (Steered false: not counted).
+	Connections uint64
+	Steered     bool
 }
 
 // AppStatus is a snapshot of an app's pool.
@@ -102,6 +106,7 @@ func (in *state) status(app string) AppStatus {
 			if _, placed := in.pos[sl]; spares > 0 && !placed {
 				ws.Spare = true
 			}
+			ws.Connections, ws.Steered = in.connections(sl)
 			if sl.spec != nil {
 				if at := recycleAt(sl.spec.RecycleAfter, sl.cur); !at.IsZero() {
 					ws.Recycles, ws.RecycleIn = true, max(at.Sub(now), 0)

@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/deployd/deployd/handoff"
@@ -130,12 +131,21 @@ func (s *Supervisor) steerPoolWith(st *state, ready *Worker) {
 		st.steerActive = active
 	}
 	s.placeSlots(st, active, ready)
+	for w := range st.connBase { // workers no slot has any more
+		if !slices.ContainsFunc(st.slots, func(sl *slot) bool { return sl.cur == w }) {
+			delete(st.connBase, w)
+		}
+	}
 	for sl, p := range st.pos {
 		w := sl.cur
 		if st.handover != nil && st.handover.workers[w] {
 			continue // its own sockets cross to the next agent, which steers it in
 		}
-		if w != nil && (w.isReady() || w == ready) {
+		if w != nil && (w.isReady() || w == ready) && w.hasMembers() {
+			if st.connBase == nil {
+				st.connBase = map[*Worker]uint64{}
+			}
+			st.connBase[w] = countAt(gs, p)
 			s.steerIn(p, w)
 		}
 	}
@@ -192,6 +202,37 @@ func (st *state) spares() int {
 
 // readyCur reports whether sl's current worker is ready.
 func readyCur(sl *slot) bool { return sl.cur != nil && sl.cur.isReady() && sl.cur.State() != Exited }
+
+// hasMembers reports whether the agent still holds w's own sockets (it is
+// not in the map yet).
+func (w *Worker) hasMembers() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.members) > 0
+}
+
+// countAt sums the connections the groups gave to position p.
+func countAt(gs []*steer.Group, p int) uint64 {
+	var n uint64
+	for _, g := range gs {
+		if c, err := g.Count(p); err == nil {
+			n += c
+		}
+	}
+	return n
+}
+
+// connections is how many new connections w got since it took its
+// position; ok is false for a worker in none (a spare, a shared pool, or
+// one adopted in place).
+func (st *state) connections(sl *slot) (n uint64, ok bool) {
+	p, placed := st.pos[sl]
+	base, known := st.connBase[sl.cur]
+	if !placed || !known {
+		return 0, false
+	}
+	return countAt(steeredGroups(st.spec), p) - base, true
+}
 
 // steerIn puts w's own sockets in slot (replacing the ones there), then
 // closes the agent's copies. A worker already in (or adopted) has none.

@@ -99,6 +99,9 @@ type Worker struct {
 	// Spare: ready, but given no connection until it takes the place of
 	// a worker that crashed (the app's spares).
 	Spare bool `json:"spare,omitempty"`
+	// Connections counts the new connections kernel steering gave the
+	// worker since it took its place (balance even or sticky only).
+	Connections *uint64 `json:"connections,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.

@@ -70,9 +70,10 @@ type config struct {
 // methods are single syscalls on kernel objects and safe for concurrent
 // use; the caller keeps the configuration consistent (one owner).
 type Group struct {
-	prog  *ebpf.Program
-	socks *ebpf.Map // REUSEPORT_SOCKARRAY: slot → socket
-	cfg   *ebpf.Map // ARRAY of one config
+	prog   *ebpf.Program
+	socks  *ebpf.Map // REUSEPORT_SOCKARRAY: slot → socket
+	cfg    *ebpf.Map // ARRAY of one config
+	counts *ebpf.Map // ARRAY: slot → connections given to it
 }
 
 // New loads a program and its maps in mode m, with no slot active. An
@@ -90,14 +91,22 @@ func New(m Mode) (*Group, error) {
 		socks.Close()
 		return nil, unavailable("create the config map", err)
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "deployd_steer", Type: ebpf.SkReuseport,
-		AttachType: ebpf.AttachSkReuseportSelectOrMigrate, License: "GPL", Instructions: program(socks, cfg)})
+	counts, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deployd_counts", Type: ebpf.Array,
+		KeySize: 4, ValueSize: 8, MaxEntries: MaxSlots + 1})
 	if err != nil {
 		socks.Close()
 		cfg.Close()
+		return nil, unavailable("create the counter map", err)
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "deployd_steer", Type: ebpf.SkReuseport,
+		AttachType: ebpf.AttachSkReuseportSelectOrMigrate, License: "GPL", Instructions: program(socks, cfg, counts)})
+	if err != nil {
+		socks.Close()
+		cfg.Close()
+		counts.Close()
 		return nil, unavailable("load the sk_reuseport program", err)
 	}
-	g := &Group{prog: prog, socks: socks, cfg: cfg}
+	g := &Group{prog: prog, socks: socks, cfg: cfg, counts: counts}
 	if err := g.write(func(c *config) { c.Mode = uint32(m) }); err != nil {
 		g.Close()
 		return nil, err
@@ -146,7 +155,7 @@ const (
 //
 // No live slot: SK_PASS without a choice, the kernel's own hash among the
 // group's listening sockets (workers still starting).
-func program(socks, cfg *ebpf.Map) asm.Instructions {
+func program(socks, cfg, counts *ebpf.Map) asm.Instructions {
 	selectSlot := func(label string) asm.Instructions { // key at fp-8
 		return asm.Instructions{
 			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol(label),
@@ -214,8 +223,17 @@ func program(socks, cfg *ebpf.Map) asm.Instructions {
 	)
 	p = append(p, selectSlot("try")...)
 	p = append(p,
+		asm.JNE.Imm(asm.R0, 0, "next"),
+		// Count the connection in its slot (status shows each worker's).
+		asm.LoadMapPtr(asm.R1, counts.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "pass"),
-		asm.Add.Imm(asm.R8, 1),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
+		asm.Ja.Label("pass"),
+		asm.Add.Imm(asm.R8, 1).WithSymbol("next"),
 		asm.Ja.Label("loop"),
 		asm.Mov.Imm(asm.R0, 1).WithSymbol("pass"), // SK_PASS
 		asm.Return(),
@@ -360,16 +378,28 @@ func (g *Group) findMaps() error {
 		switch {
 		case m.Type() == ebpf.ReusePortSockArray && g.socks == nil:
 			g.socks = m
-		case m.Type() == ebpf.Array && g.cfg == nil:
+		case m.Type() == ebpf.Array && m.ValueSize() == 16 && g.cfg == nil:
 			g.cfg = m
+		case m.Type() == ebpf.Array && m.ValueSize() == 8 && g.counts == nil:
+			g.counts = m
 		default:
 			m.Close()
 		}
 	}
-	if g.socks == nil || g.cfg == nil {
+	if g.socks == nil || g.cfg == nil || g.counts == nil {
 		return errors.New("steer: the program passed on is not deployd's: its maps are missing")
 	}
 	return nil
+}
+
+// Count returns how many connections the program has given to slot so
+// far (it never resets; compare two readings).
+func (g *Group) Count(slot int) (uint64, error) {
+	var n uint64
+	if err := g.counts.Lookup(uint32(slot), &n); err != nil {
+		return 0, fmt.Errorf("steer: read the count of slot %d: %w", slot, err)
+	}
+	return n, nil
 }
 
 // Mode returns the mode in effect.
@@ -388,7 +418,7 @@ func (g *Group) Close() error {
 	if g.prog != nil {
 		errs = append(errs, g.prog.Close())
 	}
-	for _, m := range []*ebpf.Map{g.socks, g.cfg} {
+	for _, m := range []*ebpf.Map{g.socks, g.cfg, g.counts} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

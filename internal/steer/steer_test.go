@@ -120,6 +120,11 @@ func TestEvenSpreadsAcrossSockets(t *testing.T) {
 	if sum != 200 {
 		t.Errorf("%d of 200 connections queued on the slots: %v", sum, got)
 	}
+	for i := range p.socks {
+		if n, err := g.Count(i); err != nil || n != 50 {
+			t.Errorf("the count of slot %d is %d, %v; want 50", i, n, err)
+		}
+	}
 }
 
 func TestStickyKeepsAClientOnOneSocket(t *testing.T) {
