@@ -135,7 +135,7 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 
 // healthy reports whether an app runs with every worker ready.
 func healthy(st workers.AppStatus) bool {
-	if st.State != workers.AppRunning || st.Busy != nil || len(st.Workers) != st.Instances {
+	if st.State != workers.AppRunning || st.Busy != nil || len(st.Workers) != st.Instances+st.Spares {
 		return false
 	}
 	for _, w := range st.Workers {

@@ -24,7 +24,8 @@ func (a *Agent) Scale(_ context.Context, req api.ScaleRequest, emit func(workers
 	}
 	defer done()
 	reset := req.Instances == api.ScaleReset
-	n, err := parseScale(req.Instances, rt.sup.Spec().Instances)
+	spec := rt.sup.Spec()
+	n, err := parseScale(req.Instances, spec.Instances-spec.Spares) // spares come on top
 	if reset {
 		n, err = rt.config().Instances, nil
 	}

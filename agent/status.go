@@ -78,6 +78,10 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
 		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError, Connections: w.Connections,
 	}
+	if w.Steered {
+		n := w.SteeredConnections
+		aw.NewConnections = &n
+	}
 	if w.Recycles {
 		in := w.RecycleIn.Seconds()
 		aw.RecycleInSeconds = &in

@@ -77,7 +77,11 @@ func printStatus(out io.Writer, st *api.Status) {
 			fmt.Fprintf(tw, "%s\t-\t-\t%s\t%s\t-\t-\t%d\t-\t-\n", a.Name, a.State, a.Release, a.Restarts)
 		}
 		for _, w := range a.Workers {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%d\t%.1f%%\t%s\n", a.Name, w.Slot, w.PID, w.State,
+			state := w.State
+			if w.Spare {
+				state += " (spare)"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%d\t%.1f%%\t%s\n", a.Name, w.Slot, w.PID, state,
 				w.Release, w.Generation, fmtDuration(w.UptimeSeconds), w.Restarts, w.CPUPercent, fmtBytes(w.RSSBytes))
 		}
 		// Old workers draining in the background: no longer in a slot
@@ -89,6 +93,9 @@ func printStatus(out io.Writer, st *api.Status) {
 	}
 	tw.Flush()
 	for _, a := range st.Apps {
+		if a.Balance == "even" || a.Balance == "sticky" {
+			fmt.Fprintf(out, "\n%s: balance %s (a socket per worker, steered by the kernel)\n", a.Name, a.Balance)
+		}
 		for _, w := range a.Warnings {
 			fmt.Fprintf(out, "\n%s: warning: listener %s\n", a.Name, w)
 		}

@@ -27,6 +27,9 @@ type Listener struct {
 	mu   sync.Mutex
 	file *os.File // nil once closed
 	fd   uintptr
+	// steered is set for a listener whose workers each get a socket of
+	// their own (steer.go); the descriptor is then the group's anchor.
+	steered *Steered
 }
 
 // Bound is a listener as one spec passes it to its workers: under Name in
@@ -93,6 +96,12 @@ func (l *Listener) Close() error {
 	}
 	err := l.file.Close()
 	l.file, l.fd = nil, 0
+	if l.steered != nil {
+		err = errors.Join(err, l.steered.Group.Close())
+		if l.steered.prog != nil {
+			err = errors.Join(err, l.steered.prog.Close())
+		}
+	}
 	return err
 }
 

@@ -29,9 +29,10 @@ const helperLifetime = 20 * time.Second
 // helpers are the behaviours of the test binary when it runs as a child
 // (the os/exec tests' helper-process habit). Each returns the exit code.
 var helpers = map[string]func() int{
-	"print-env":   helperPrintEnv,
-	"notify-send": helperNotifySend,
-	"symlink":     helperSymlink,
+	"print-env":      helperPrintEnv,
+	"notify-send":    helperNotifySend,
+	"symlink":        helperSymlink,
+	"steer-fallback": helperSteerFallback,
 }
 
 // helperSymlink makes a symlink at $SYMLINK_AT to $SYMLINK_TARGET: what a

@@ -24,6 +24,11 @@ type Want struct {
 	// every one the spec leases (inherited ones too): accepted connections
 	// inherit it.
 	NoDelay bool
+	// Balance is BalanceShared ("" too), BalanceEven or BalanceSticky: with
+	// the last two each worker gets a socket of its own and the kernel
+	// steers (steer.go); where it cannot, the listener is shared and the
+	// registry's log says why.
+	Balance string
 }
 
 // Registry owns every listening socket of the agent (the model is
@@ -113,10 +118,24 @@ func (r *Registry) getLocked(app string, w Want) (*Listener, error) {
 		if err := e.l.SetNoDelay(w.NoDelay); err != nil {
 			return nil, err
 		}
+		r.restyleLocked(app, e.l, w)
 		e.leases++
 		return e.l, nil
 	}
 	l, err := r.adoptActivatedLocked(app, w)
+	if mode, ok := wantsSteering(w); ok && err == nil {
+		if l != nil {
+			r.log.Warn("balance falls back to shared: the socket came from "+activatedFrom(l), "app", app, "listen", w.URL)
+		} else if l, err = openSteered(r.store, w, mode); err != nil {
+			r.log.Warn("balance falls back to shared: kernel steering is unavailable", "app", app, "listen", w.URL,
+				"balance", w.Balance, "reason", err.Error())
+			var inUse *AddrInUseError
+			if errors.As(err, &inUse) {
+				return nil, err
+			}
+			err = nil
+		}
+	}
 	if err == nil && l == nil {
 		l, err = Acquire(r.store, w.Network, w.Address, w.Nonblocking)
 		if err == nil && l.Inherited {
@@ -133,6 +152,30 @@ func (r *Registry) getLocked(app string, w Want) (*Listener, error) {
 	}
 	r.byKey[key] = &entry{l: l, leases: 1}
 	return l, nil
+}
+
+// restyleLocked applies w's balance to the open listener l: even and sticky
+// switch at once; shared and steered need the socket opened anew, which a
+// lease cannot do while others hold it.
+func (r *Registry) restyleLocked(app string, l *Listener, w Want) {
+	mode, want := wantsSteering(w)
+	switch {
+	case want && l.steered != nil:
+		if err := l.steered.Group.SetMode(mode); err != nil {
+			r.log.Warn("balance unchanged", "app", app, "listen", w.URL, "reason", err.Error())
+		}
+	case want != (l.steered != nil) && w.Network != "unix":
+		r.log.Warn("balance "+l.Balance()+" stays until the listener is opened anew (remove the app from the config, reload, add it back)",
+			"app", app, "listen", w.URL, "balance", w.Balance)
+	}
+}
+
+// activatedFrom says where an adopted socket came from, for a log line.
+func activatedFrom(l *Listener) string {
+	if l.Inherited {
+		return "systemd or a worker of the previous agent"
+	}
+	return "elsewhere"
 }
 
 // releaseLocked drops one lease of key; the last one shuts the socket down

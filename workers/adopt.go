@@ -200,6 +200,7 @@ func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Hand
 			st.spec, st.slots = spec, slots
 			if pool != nil {
 				st.lastExit, st.lastLines = pool.LastExit, slices.Clone(pool.LastLines)
+				st.pos = pool.positions(slots, adopted)
 			}
 		})
 	})
@@ -355,6 +356,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 		w.state, w.readyAt = Ready, h.ReadyAt
 		w.readyOnce.Do(func() { close(w.ready) })
 	}
+	w.members = adoptMembers(spec, h)
 	w.serve(a, spec, c, h.Pending)
 	return w, nil
 }

@@ -165,6 +165,9 @@ type SlotHandover struct {
 	MemoryReplacements   int `json:"memory_replacements"`
 	WatchdogReplacements int `json:"watchdog_replacements"`
 	HealthReplacements   int `json:"health_replacements"`
+	// Position is the slot's place in the kernel's steering map (steer.go),
+	// nil for a spare or a shared pool.
+	Position *int `json:"position,omitempty"`
 }
 
 // handover is what a supervisor handed over: its frozen operation, the
@@ -253,6 +256,9 @@ func (st *state) poolHandover() *PoolHandover {
 		if sl.timer != nil {
 			ps.RestartAt = sl.restartAt
 		}
+		if p, ok := st.pos[sl]; ok {
+			ps.Position = &p
+		}
 		if w := sl.cur; w != nil {
 			ps.PID = w.PID
 			if w.State() == Exited {
@@ -284,10 +290,20 @@ func (w *Worker) describe() *Handover {
 		Release: w.Release, Identity: w.spec.Identity(), Started: w.Started, ReadyAt: w.readyAt,
 		Status: w.status, StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Pending: pending,
 		Kept: w.kept, files: map[string]*os.File{"notify": nf}}
+	members := w.members
 	w.mu.Unlock()
 	h.Streams = append(h.Streams, "notify")
 	for _, name := range []string{"out", "err", "outj", "errj", "ipc", "node"} {
 		if f := w.ends[name]; f != nil {
+			h.files[name] = f
+			h.Streams = append(h.Streams, name)
+		}
+	}
+	// A worker not yet in the steering map crosses with its own sockets,
+	// for the next agent to put it there once it is ready.
+	for i, m := range members {
+		if f := m.sock.File(); f != nil {
+			name := steerStream(i)
 			h.files[name] = f
 			h.Streams = append(h.Streams, name)
 		}

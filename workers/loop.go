@@ -46,6 +46,16 @@ type state struct {
 	// draining are the old workers replaced by an operation and left to
 	// drain in the background (drain.go); they belong to no slot.
 	draining []*drain
+	// steerActive is the slot count last given to the kernel's steering
+	// (steer.go); connPause is the connection pause, nil when none
+	// (connpause.go).
+	steerActive int
+	connPause   *connPause
+	// pos gives the steering map's positions to slots (steer.go); a slot
+	// without one is a spare. connBase is the position's connection count
+	// when each worker took it.
+	pos      map[*slot]int
+	connBase map[*Worker]uint64
 }
 
 type slot struct {
@@ -138,6 +148,7 @@ func (s *Supervisor) changeStateTo(st *state, e Event, change func()) Event {
 	if change != nil {
 		change()
 	}
+	s.steerPool(st)
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}

@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// Scale changes the number of workers to n (>= 0) on the current spec: new
+// Scale changes the number of serving workers to n (>= 0; the spec's
+// spares come on top) on the current spec: new
 // slots start and must get ready (else they are dropped and the error says
 // why); the highest slots drain. Another operation running gives a
 // *BusyError.
@@ -26,15 +27,16 @@ func (s *Supervisor) Scale(n int, progress func(Event)) error {
 	o.change(func(st *state) {
 		old, prev = st.spec, st.app
 		ns := *old
-		ns.Instances = n
+		ns.Instances = n + old.Spares // n serving workers, and the spares
 		spec = &ns
-		added = newSlots(len(st.slots), n, spec)
-		if n < len(st.slots) {
-			gone = slices.Clone(st.slots[n:])
+		total := ns.Instances
+		added = newSlots(len(st.slots), total, spec)
+		if total < len(st.slots) {
+			gone = slices.Clone(st.slots[total:])
 		}
 		s.changeStateTo(st, Event{Type: EventSlots, Release: spec.Release, Message: fmt.Sprint(n)}, func() {
 			st.spec = spec
-			st.slots = append(st.slots[:min(n, len(st.slots))], added...)
+			st.slots = append(st.slots[:min(total, len(st.slots))], added...)
 			if st.app == AppStopped {
 				st.app = AppRunning
 			}

@@ -30,6 +30,7 @@ type spawnArgs struct {
 	beforeStart func(slot int) error
 	marker      string
 	onReady     func(pid int)
+	steerReady  func(*Worker)
 }
 
 // EnvAgentID names the worker's marker: the agent that started it
@@ -204,8 +205,13 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 			return nil, fmt.Errorf("%w: %w", ErrNotRecorded, err)
 		}
 	}
+	ls, members, err := workerListeners(spec)
+	if err != nil {
+		return nil, err
+	}
 	c, err := openChannels(a, spec)
 	if err != nil {
+		closeMembers(members)
 		return nil, err
 	}
 	cpu := -1
@@ -225,9 +231,12 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		if !spec.Node.Indirect && cpu < 0 {
 			execPath, direct = handoff.ExecPath(spec.Argv[0], env, spec.Dir)
 		}
-		if c.node, err = prepareNode(spec, env, c.health, direct); err != nil {
+		own := *spec
+		own.Listeners = ls
+		if c.node, err = prepareNode(&own, env, c.health, direct); err != nil {
 			c.closeChild()
 			c.closeParent()
+			closeMembers(members)
 			return nil, err
 		}
 		env, fixed = c.node.env, c.node.fixed
@@ -235,7 +244,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	keep, kept := c.keep()
 	proc, err := handoff.Start(handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
-		Stdout: c.outW, Stderr: c.errW, Listeners: spec.Listeners, Health: c.health, Extra: extra, Fixed: fixed,
+		Stdout: c.outW, Stderr: c.errW, Listeners: ls, Health: c.health, Extra: extra, Fixed: fixed,
 		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
 	})
 	c.closeChild()
@@ -244,6 +253,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	}
 	if err != nil {
 		c.closeParent()
+		closeMembers(members)
 		return nil, err
 	}
 	// The shim execs the app in the same process: its start time stays.
@@ -253,6 +263,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
 		Started: time.Now(), spec: spec, proc: proc, startTime: start, tail: logs.NewTail(tailLines),
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, kept: kept,
+		members: members,
 	}
 	w.serve(a, spec, c, nil)
 	return w, nil
@@ -267,6 +278,9 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		uid = int(spec.Credential.Uid)
 	}
 	w.pz, w.notify, w.onReady = newPauser(pending), c.notify, a.onReady
+	if len(steeredGroups(spec)) > 0 {
+		w.steerReady = a.steerReady
+	}
 	stopHealth := w.checkHealth(spec, c.healthAddr, a.healthFailed)
 	w.ends = map[string]*os.File{"out": c.outR, "err": c.errR}
 	var notifyDone sync.WaitGroup

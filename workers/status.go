@@ -31,6 +31,13 @@ type WorkerStatus struct {
 	// when due, or when recycle_after is off: see Recycles).
 	RecycleIn time.Duration
 	Recycles  bool
+	// Spare: the worker is ready but gets no connection until it takes
+	// the place of one that is not (Spec.Spares).
+	Spare bool
+	// SteeredConnections counts the new connections kernel steering gave
+	// the worker since it took its place (Steered false: not counted).
+	SteeredConnections uint64
+	Steered            bool
 	// Connections, of a draining worker only, counts the established TCP
 	// connections on its app's listeners that it still holds; nil where
 	// that is not known (see openConnections).
@@ -42,6 +49,14 @@ type AppStatus struct {
 	State     AppState
 	Release   string
 	Instances int
+	// Balance is how new connections reach the workers: "shared", "even"
+	// or "sticky" (kernel steering; see steer.go).
+	Balance string
+	// Paused is the connection pause, nil when none (connpause.go).
+	Paused *PauseStatus
+	// Spares is how many of the workers are spares (not counted in
+	// Instances).
+	Spares int
 	// Workers are the slots' workers (current ones, and new ones being
 	// started, or ones being stopped, beside them).
 	Workers []WorkerStatus
@@ -74,7 +89,9 @@ func (s *Supervisor) Status() AppStatus {
 }
 
 func (in *state) status(app string) AppStatus {
-	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: len(in.slots),
+	spares := in.spares()
+	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: max(len(in.slots)-spares, 0), Balance: in.spec.Balance(),
+		Paused: in.connPause.status(), Spares: spares,
 		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings()}
 	if in.op != nil {
 		st.Busy = in.op.busy(app)
@@ -93,6 +110,10 @@ func (in *state) status(app string) AppStatus {
 			ws := in.workerStatus(sl.cur, now)
 			ws.Restarts, ws.MemoryReplacements, ws.WatchdogReplacements, ws.HealthReplacements =
 				sl.restarts, sl.memoryReplacements, sl.watchdogReplacements, sl.healthReplacements
+			if _, placed := in.pos[sl]; spares > 0 && !placed {
+				ws.Spare = true
+			}
+			ws.SteeredConnections, ws.Steered = in.connections(sl)
 			if sl.spec != nil {
 				if at := recycleAt(sl.spec.RecycleAfter, sl.cur); !at.IsZero() {
 					ws.Recycles, ws.RecycleIn = true, max(at.Sub(now), 0)

@@ -39,7 +39,12 @@ type Spec struct {
 	// config names them (the listener itself is shared and never changes).
 	Listeners []handoff.Bound
 
+	// Instances counts the slots, Spares among them: with kernel steering
+	// (balance even or sticky), Spares workers are started and kept ready
+	// but get no connection until one takes the place of a worker that
+	// is not ready (steer.go).
 	Instances    int
+	Spares       int
 	Ready        ReadyPolicy
 	ReadyTimeout time.Duration
 	// MinReady is how long a new worker of an operation must stay up after
@@ -157,7 +162,7 @@ func (s *Supervisor) args() spawnArgs {
 	return spawnArgs{
 		shim: s.opts.Shim, out: s.opts.Out, err: s.opts.Err, app: s.opts.App,
 		notifyDir: s.opts.NotifyDir, log: s.log, healthFailed: &s.healthFailed,
-		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker, onReady: s.opts.OnReady,
+		beforeStart: s.opts.BeforeStart, marker: s.opts.Marker, onReady: s.opts.OnReady, steerReady: s.steerReady,
 	}
 }
 
@@ -210,7 +215,8 @@ func (s *Supervisor) Pause() error {
 func (s *Supervisor) Stop() { s.stopOnce.Do(s.stop) }
 
 func (s *Supervisor) stop() {
-	s.Resume() // a handoff in flight is over: this agent stops
+	s.Resume()            // a handoff in flight is over: this agent stops
+	s.ResumeConnections() // held connections go to the workers while they last
 	var running *opInfo
 	s.call(func(st *state) {
 		st.closing = true

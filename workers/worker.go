@@ -57,12 +57,15 @@ type Worker struct {
 	// the agent's ends (handoff.Proc.Keep), for the agent that comes after
 	// a crash (TakeBack); nil when it holds none. Set before serve.
 	kept map[string]int
-	// onReady is Options.OnReady; set before serve.
-	onReady func(pid int)
-	notify  *handoff.NotifySocket
-	tail    *logs.Tail
-	ready   chan struct{} // closed when ready
-	exited  chan struct{} // closed after Wait and after output is drained
+	// onReady is Options.OnReady; set before serve. steerReady, for a
+	// steered pool, puts it in the steering map (steer.go) before its
+	// state says ready.
+	onReady    func(pid int)
+	steerReady func(*Worker)
+	notify     *handoff.NotifySocket
+	tail       *logs.Tail
+	ready      chan struct{} // closed when ready
+	exited     chan struct{} // closed after Wait and after output is drained
 
 	mu        sync.Mutex
 	state     State
@@ -77,6 +80,9 @@ type Worker struct {
 	health    healthState
 	// saidStopping: the worker sent STOPPING=1 (it stopped accepting).
 	saidStopping bool
+	// members are the agent's copies of the worker's own sockets (kernel
+	// steering, steer.go) until it is put in its slot.
+	members []member
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
@@ -113,6 +119,9 @@ func (w *Worker) markReady() {
 		// status showed a worker ready must leave it recorded ready.
 		if w.onReady != nil {
 			w.onReady(w.PID)
+		}
+		if w.steerReady != nil {
+			w.steerReady(w)
 		}
 		w.mu.Lock()
 		if w.state == Starting {
@@ -304,6 +313,7 @@ func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
 
 // finish marks the worker exited once nothing of it is left.
 func (w *Worker) finish() {
+	closeMembers(w.takeMembers())
 	w.mu.Lock()
 	w.state = Exited
 	w.mu.Unlock()

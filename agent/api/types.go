@@ -42,6 +42,15 @@ type App struct {
 	Release   string   `json:"release"`
 	Instances int      `json:"instances"`
 	Listen    []string `json:"listen"`
+	// Balance is how new connections reach the workers: "shared", "even"
+	// or "sticky" (docs/balance.md); "shared" where the kernel could not
+	// steer, with a warning.
+	Balance string `json:"balance"`
+	// Spares is how many of Workers are spares (not counted in Instances).
+	Spares int `json:"spares,omitempty"`
+	// Paused is the app's connection pause (deployd pause), absent when
+	// new connections reach the workers.
+	Paused    *Pause   `json:"paused,omitempty"`
 	Restarts  int      `json:"restarts"`
 	LastExit  string   `json:"last_exit,omitempty"`
 	LastLines []string `json:"last_lines,omitempty"`
@@ -90,6 +99,12 @@ type Worker struct {
 	// RecycleInSeconds is how long until recycle_after replaces the
 	// worker (0 once due); absent when recycle_after is off.
 	RecycleInSeconds *float64 `json:"recycle_in_seconds,omitempty"`
+	// Spare: ready, but given no connection until it takes the place of
+	// a worker that crashed (the app's spares).
+	Spare bool `json:"spare,omitempty"`
+	// NewConnections counts the new connections kernel steering gave the
+	// worker since it took its place (balance even or sticky only).
+	NewConnections *uint64 `json:"new_connections,omitempty"`
 	// Connections, of a draining worker only, counts the established TCP
 	// connections on the app's listeners it still holds; absent where
 	// that is not known (an agent not run as root, a worker of another
@@ -320,10 +335,30 @@ type Releases struct {
 
 // Paths of the operations API (all POST, streamed).
 const (
-	PathScale = "/v1/scale"
-	PathStop  = "/v1/stop"
-	PathStart = "/v1/start"
+	PathScale  = "/v1/scale"
+	PathStop   = "/v1/stop"
+	PathStart  = "/v1/start"
+	PathPause  = "/v1/pause"  // body PauseRequest
+	PathResume = "/v1/resume" // body AppRequest
 )
+
+// PauseRequest is the body of POST /v1/pause: new connections of App wait
+// in the kernel until /v1/resume, or for MaxSeconds (> 0) at most.
+type PauseRequest struct {
+	App        string  `json:"app"`
+	MaxSeconds float64 `json:"max_seconds,omitempty"`
+}
+
+// Pause describes a connection pause in effect.
+type Pause struct {
+	SinceSeconds float64 `json:"since_seconds"` // how long it has lasted
+	// EndsInSeconds is how long until it ends by itself; absent without
+	// a maximum (it lasts until deployd resume).
+	EndsInSeconds *float64 `json:"ends_in_seconds,omitempty"`
+	// Queued connections wait; Backlog is how many can.
+	Queued  int `json:"queued"`
+	Backlog int `json:"backlog"`
+}
 
 // ScaleReset, as ScaleRequest.Instances, goes back to the config's
 // instances and drops the count `deployd scale` set.

@@ -25,6 +25,8 @@ type rawApp struct {
 	ReadyTimeout toml.Primitive `toml:"ready_timeout"`
 	MinReady     toml.Primitive `toml:"min_ready"`
 	TCPNoDelay   toml.Primitive `toml:"tcp_nodelay"`
+	Balance      toml.Primitive `toml:"balance"`
+	Spares       toml.Primitive `toml:"spares"`
 	StopSignal   toml.Primitive `toml:"stop_signal"`
 	StopTimeout  toml.Primitive `toml:"stop_timeout"`
 	Nonblocking  toml.Primitive `toml:"nonblocking"`
@@ -75,6 +77,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		ReadyTimeout:  30 * time.Second,
 		MinReady:      DefaultMinReady,
 		TCPNoDelay:    true,
+		Balance:       "shared",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
 		MaxSurge:      1,
@@ -143,6 +146,20 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.duration(raw.ReadyTimeout, k("ready_timeout"), &a.ReadyTimeout, false)
 	d.duration(raw.MinReady, k("min_ready"), &a.MinReady, true)
 	d.boolean(raw.TCPNoDelay, k("tcp_nodelay"), &a.TCPNoDelay)
+	if s, ok := get[string](d, raw.Balance, k("balance")); ok {
+		switch s {
+		case "shared", "even", "sticky":
+			a.Balance = s
+		default:
+			d.fail(k("balance"), strconv.Quote(s), hint(nil,
+				`unknown balance; use "shared" (one socket all workers accept on), "even" (connections spread evenly) or "sticky" (a client IP stays on one worker)`))
+		}
+	}
+	d.integer(raw.Spares, k("spares"), &a.Spares, 0)
+	if a.Spares > 0 && a.Balance == "shared" {
+		d.fail(k("spares"), strconv.Itoa(a.Spares), hint(nil,
+			`spares need balance = "even" or "sticky" (a shared socket cannot keep a worker out of the rotation); set balance or spares = 0`))
+	}
 	if s, ok := get[string](d, raw.StopSignal, k("stop_signal")); ok {
 		if sig, err := parseSignal(s); err != nil {
 			d.fail(k("stop_signal"), strconv.Quote(s), err)

@@ -139,7 +139,14 @@ type App struct {
 	MinReady time.Duration
 	// TCPNoDelay sets TCP_NODELAY on the app's TCP listeners (accepted
 	// sockets inherit it); default true.
-	TCPNoDelay  bool
+	TCPNoDelay bool
+	// Balance is how new connections reach the workers: "shared" (the
+	// default: one listening socket all workers accept on), "even" or
+	// "sticky" (a socket per worker, steered by the kernel; docs/balance.md).
+	Balance string
+	// Spares are ready workers on top of Instances that get no connection
+	// until one takes a crashed worker's place (balance even or sticky).
+	Spares      int
 	StopSignal  syscall.Signal
 	StopTimeout time.Duration // default 30s
 	Nonblocking bool          // hand listeners over in non-blocking mode

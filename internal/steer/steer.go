@@ -1,0 +1,427 @@
+// Package steer chooses, in the kernel, which worker's socket gets each new
+// connection of an address: every worker listens on a socket of its own in
+// one SO_REUSEPORT group, and a BPF program of type sk_reuseport picks one
+// from a REUSEPORT_SOCKARRAY map the agent keeps in step with the pool — in
+// turn (Even) or by the client's IP address (Sticky). The program is attached as BPF_SK_REUSEPORT_SELECT_OR_MIGRATE,
+// so the kernel also asks it where the queued connections of a socket that
+// closes go (request migration, Linux 5.14): a worker that stops, drains or
+// crashes hands them to another instead of resetting them. The agent is
+// never on the data path.
+//
+// The program is written with cilium/ebpf's asm package, so building needs
+// no C compiler. It follows the kernel selftests prog_tests/migrate_reuseport.c
+// and progs/test_migrate_reuseport.c.
+package steer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
+)
+
+// Mode is how the program picks a worker.
+type Mode uint32
+
+// Modes.
+const (
+	// Even gives the slots a connection in turn. (A 4-tuple hash spreads
+	// many short connections as well, but a few long ones unevenly: 8
+	// keep-alive connections hashed over 8 workers leave some idle.)
+	Even Mode = 0
+	// Sticky sends every connection of a client IP address to the same
+	// worker while it lives; when it goes, its clients move together to one
+	// other worker (the next live slot).
+	Sticky Mode = 1
+)
+
+// String names the mode as the config does.
+func (m Mode) String() string {
+	if m == Sticky {
+		return "sticky"
+	}
+	return "even"
+}
+
+// MaxSlots bounds a group's slots (workers and spares); Hold is the map
+// index of the socket that keeps connections while the group is held.
+const (
+	MaxSlots = 256
+	Hold     = MaxSlots
+)
+
+// ErrUnavailable wraps every reason steering cannot work here (no BPF, no
+// privilege, an old kernel): the caller falls back to one shared socket.
+var ErrUnavailable = errors.New("steer: kernel steering unavailable")
+
+// config is the program's configuration, one entry of an array map.
+type config struct {
+	Active uint32 // slots 0..Active-1 take connections; the rest are spares
+	Mode   uint32
+	Held   uint32 // 1: every new connection goes to the Hold socket
+	Next   uint32 // the arrival counter Even takes turns by
+}
+
+// Group is the program and maps of one address's reuseport group. Its
+// methods are single syscalls on kernel objects and safe for concurrent
+// use; the caller keeps the configuration consistent (one owner).
+type Group struct {
+	prog   *ebpf.Program
+	socks  *ebpf.Map // REUSEPORT_SOCKARRAY: slot → socket
+	cfg    *ebpf.Map // ARRAY of one config
+	counts *ebpf.Map // ARRAY: slot → connections given to it
+}
+
+// New loads a program and its maps in mode m, with no slot active. An
+// error wraps ErrUnavailable when the kernel or the privileges do not allow
+// it.
+func New(m Mode) (*Group, error) {
+	socks, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deployd_socks", Type: ebpf.ReusePortSockArray,
+		KeySize: 4, ValueSize: 8, MaxEntries: MaxSlots + 1})
+	if err != nil {
+		return nil, unavailable("create the socket map", err)
+	}
+	cfg, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deployd_steer", Type: ebpf.Array,
+		KeySize: 4, ValueSize: 16, MaxEntries: 1})
+	if err != nil {
+		socks.Close()
+		return nil, unavailable("create the config map", err)
+	}
+	counts, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deployd_counts", Type: ebpf.Array,
+		KeySize: 4, ValueSize: 8, MaxEntries: MaxSlots + 1})
+	if err != nil {
+		socks.Close()
+		cfg.Close()
+		return nil, unavailable("create the counter map", err)
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "deployd_steer", Type: ebpf.SkReuseport,
+		AttachType: ebpf.AttachSkReuseportSelectOrMigrate, License: "GPL", Instructions: program(socks, cfg, counts)})
+	if err != nil {
+		socks.Close()
+		cfg.Close()
+		counts.Close()
+		return nil, unavailable("load the sk_reuseport program", err)
+	}
+	g := &Group{prog: prog, socks: socks, cfg: cfg, counts: counts}
+	if err := g.write(func(c *config) { c.Mode = uint32(m) }); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+func unavailable(what string, err error) error {
+	hint := ""
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		hint = " (the agent needs root or CAP_BPF and CAP_NET_ADMIN)"
+	} else if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) {
+		hint = " (the kernel needs sk_reuseport programs with request migration, Linux 5.14 or later)"
+	}
+	return fmt.Errorf("%w: %s%s: %w", ErrUnavailable, what, hint, err)
+}
+
+// Available reports whether steering works here: nil, or why not (wrapping
+// ErrUnavailable).
+func Available() error {
+	g, err := New(Even)
+	if err != nil {
+		return err
+	}
+	g.Close()
+	return nil
+}
+
+// ethIPv4 is ETH_P_IP as the program reads sk_reuseport_md.eth_protocol
+// (network byte order in a host-order word).
+var ethIPv4 = int32(binary.NativeEndian.Uint16([]byte{0x08, 0x00}))
+
+// Offsets in struct sk_reuseport_md (include/uapi/linux/bpf.h).
+const (
+	mdEthProtocol = 20
+	mdHash        = 32
+)
+
+// program picks the socket of a new (or migrating) connection:
+//
+//	held:   the Hold socket, if there is one
+//	even:   slot = arrivals % active (turns, in arrival order)
+//	sticky: slot = mix(client IPv4, or the last word of an IPv6) % active
+//	then the first live slot from there on (a crashed worker's socket has
+//	left the map: its clients all go to the next one).
+//
+// No live slot: SK_PASS without a choice, the kernel's own hash among the
+// group's listening sockets (workers still starting).
+func program(socks, cfg, counts *ebpf.Map) asm.Instructions {
+	selectSlot := func(label string) asm.Instructions { // key at fp-8
+		return asm.Instructions{
+			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol(label),
+			asm.LoadMapPtr(asm.R2, socks.FD()),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, -8),
+			asm.Mov.Imm(asm.R4, 0),
+			asm.FnSkSelectReuseport.Call(),
+		}
+	}
+	var p asm.Instructions
+	p = append(p,
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+		asm.LoadMapPtr(asm.R1, cfg.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.LoadMem(asm.R7, asm.R0, 0, asm.Word), // active
+		asm.LoadMem(asm.R8, asm.R0, 4, asm.Word), // mode
+		asm.LoadMem(asm.R9, asm.R0, 8, asm.Word), // held
+		// The arrival counter, then +1 (two CPUs may read the same value:
+		// a turn taken twice, no harm).
+		asm.LoadMem(asm.R1, asm.R0, 12, asm.Word),
+		asm.StoreMem(asm.RFP, -16, asm.R1, asm.Word),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.Word, 12),
+		asm.JEq.Imm(asm.R9, 0, "pick"),
+		asm.StoreImm(asm.RFP, -8, Hold, asm.Word),
+	)
+	p = append(p, selectSlot("hold")...)
+	p = append(p,
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.JEq.Imm(asm.R7, 0, "pass").WithSymbol("pick"),
+		asm.JGT.Imm(asm.R7, MaxSlots, "pass"), // a bound the verifier can see
+		asm.LoadMem(asm.R9, asm.RFP, -16, asm.Word),
+		asm.JEq.Imm(asm.R8, int32(Even), "spread"),
+		asm.LoadMem(asm.R9, asm.R6, mdHash, asm.Word), // sticky without an address
+
+		asm.Mov.Imm(asm.R2, 12), // IPv4 source address
+		asm.LoadMem(asm.R1, asm.R6, mdEthProtocol, asm.Word),
+		asm.JEq.Imm(asm.R1, ethIPv4, "load"),
+		asm.Mov.Imm(asm.R2, 8+12), // the last word of the IPv6 source
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("load"),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -12),
+		asm.Mov.Imm(asm.R4, 4),
+		asm.Mov.Imm(asm.R5, 1), // BPF_HDR_START_NET
+		asm.FnSkbLoadBytesRelative.Call(),
+		// A migrating request of a closed socket may come without a
+		// packet: then the hash decides.
+		asm.JNE.Imm(asm.R0, 0, "spread"),
+		asm.LoadMem(asm.R9, asm.RFP, -12, asm.Word),
+	)
+	p = append(p, mix(asm.R9)...)
+	p = append(p,
+		asm.Mod.Reg32(asm.R9, asm.R7).WithSymbol("spread"), // first slot to try
+		asm.Mov.Imm(asm.R8, 0),                             // slots tried
+		asm.JGE.Reg(asm.R8, asm.R7, "pass").WithSymbol("loop"),
+		asm.Mov.Reg(asm.R1, asm.R9),
+		asm.Add.Reg(asm.R1, asm.R8),
+		asm.Mod.Reg32(asm.R1, asm.R7),
+		asm.StoreMem(asm.RFP, -8, asm.R1, asm.Word),
+	)
+	p = append(p, selectSlot("try")...)
+	p = append(p,
+		asm.JNE.Imm(asm.R0, 0, "next"),
+		// Count the connection in its slot (status shows each worker's).
+		asm.LoadMapPtr(asm.R1, counts.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
+		asm.Ja.Label("pass"),
+		asm.Add.Imm(asm.R8, 1).WithSymbol("next"),
+		asm.Ja.Label("loop"),
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("pass"), // SK_PASS
+		asm.Return(),
+	)
+	return p
+}
+
+// mix is a 32-bit integer hash (lowbias32, by Chris Wellons) of r in place
+// (r1 is scratch): every bit of a client address moves the slot.
+func mix(r asm.Register) asm.Instructions {
+	xorShift := func() asm.Instructions {
+		return asm.Instructions{asm.Mov.Reg32(asm.R1, r), asm.RSh.Imm32(asm.R1, 16), asm.Xor.Reg32(r, asm.R1)}
+	}
+	var p asm.Instructions
+	p = append(p, xorShift()...)
+	p = append(p, asm.Mul.Imm32(r, 0x7feb352d))
+	p = append(p, asm.Mov.Reg32(asm.R1, r), asm.RSh.Imm32(asm.R1, 15), asm.Xor.Reg32(r, asm.R1))
+	p = append(p, asm.Mul.Imm32(r, -2073254261)) // 0x846ca68b
+	return append(p, xorShift()...)
+}
+
+// write changes the configuration.
+func (g *Group) write(change func(*config)) error {
+	var c config
+	if err := g.cfg.Lookup(uint32(0), &c); err != nil {
+		return fmt.Errorf("steer: read config: %w", err)
+	}
+	change(&c)
+	if err := g.cfg.Put(uint32(0), &c); err != nil {
+		return fmt.Errorf("steer: write config: %w", err)
+	}
+	return nil
+}
+
+// SetMode switches between Even and Sticky for the next connections.
+func (g *Group) SetMode(m Mode) error { return g.write(func(c *config) { c.Mode = uint32(m) }) }
+
+// SetActive makes slots 0..n-1 take connections; sockets in slots n and up
+// get none (spares, or workers past a shrink).
+func (g *Group) SetActive(n int) error {
+	if n < 0 || n > MaxSlots {
+		return fmt.Errorf("steer: %d slots; at most %d", n, MaxSlots)
+	}
+	return g.write(func(c *config) { c.Active = uint32(n) })
+}
+
+// Set puts the listening socket fd in slot (replacing, in one step, the
+// one there). The map does not keep the socket open: it leaves the map
+// when its last descriptor closes.
+func (g *Group) Set(slot int, fd uintptr) error {
+	if slot < 0 || slot > Hold {
+		return fmt.Errorf("steer: slot %d out of range 0..%d", slot, Hold)
+	}
+	if err := g.socks.Put(uint32(slot), uint64(fd)); err != nil {
+		return fmt.Errorf("steer: put socket in slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// Clear empties slot; an empty slot is skipped.
+func (g *Group) Clear(slot int) error {
+	err := g.socks.Delete(uint32(slot))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer: clear slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// Hold sends every new connection to the listening socket fd, which nobody
+// accepts on: they wait in its accept queue. Unhold (then closing that
+// socket) moves them on.
+func (g *Group) Hold(fd uintptr) error {
+	if err := g.Set(Hold, fd); err != nil {
+		return err
+	}
+	return g.write(func(c *config) { c.Held = 1 })
+}
+
+// Unhold sends new connections to the slots again. The hold socket's
+// queue moves to the workers when it is closed (request migration).
+func (g *Group) Unhold() error {
+	if err := g.write(func(c *config) { c.Held = 0 }); err != nil {
+		return err
+	}
+	return g.Clear(Hold)
+}
+
+// Attach attaches the program to the reuseport group of the listening
+// socket fd (bound with SO_REUSEPORT).
+func (g *Group) Attach(fd uintptr) error {
+	if err := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, g.prog.FD()); err != nil {
+		return fmt.Errorf("steer: attach program: %w", err)
+	}
+	return nil
+}
+
+// File returns a copy of the program's descriptor, for the next agent
+// (FromFile); the caller closes it.
+func (g *Group) File() (*os.File, error) {
+	fd, err := unix.FcntlInt(uintptr(g.prog.FD()), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return nil, fmt.Errorf("steer: dup program: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "deployd-steer-program"), nil
+}
+
+// FromFile takes over the group whose program f holds (from File, passed
+// on by a previous agent); its maps are found through the program. f is
+// not closed.
+func FromFile(f *os.File) (*Group, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return nil, fmt.Errorf("steer: dup program: %w", err)
+	}
+	prog, err := ebpf.NewProgramFromFD(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, unavailable("take the program over", err)
+	}
+	g := &Group{prog: prog}
+	if err := g.findMaps(); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *Group) findMaps() error {
+	info, err := g.prog.Info()
+	if err != nil {
+		return unavailable("read the program's info", err)
+	}
+	ids, ok := info.MapIDs()
+	if !ok {
+		return fmt.Errorf("%w: the kernel does not name a program's maps", ErrUnavailable)
+	}
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			return unavailable("open the program's map", err)
+		}
+		switch {
+		case m.Type() == ebpf.ReusePortSockArray && g.socks == nil:
+			g.socks = m
+		case m.Type() == ebpf.Array && m.ValueSize() == 16 && g.cfg == nil:
+			g.cfg = m
+		case m.Type() == ebpf.Array && m.ValueSize() == 8 && g.counts == nil:
+			g.counts = m
+		default:
+			m.Close()
+		}
+	}
+	if g.socks == nil || g.cfg == nil || g.counts == nil {
+		return errors.New("steer: the program passed on is not deployd's: its maps are missing")
+	}
+	return nil
+}
+
+// Count returns how many connections the program has given to slot so
+// far (it never resets; compare two readings).
+func (g *Group) Count(slot int) (uint64, error) {
+	var n uint64
+	if err := g.counts.Lookup(uint32(slot), &n); err != nil {
+		return 0, fmt.Errorf("steer: read the count of slot %d: %w", slot, err)
+	}
+	return n, nil
+}
+
+// Mode returns the mode in effect.
+func (g *Group) Mode() (Mode, error) {
+	var c config
+	if err := g.cfg.Lookup(uint32(0), &c); err != nil {
+		return Even, fmt.Errorf("steer: read config: %w", err)
+	}
+	return Mode(c.Mode), nil
+}
+
+// Close closes the agent's handles; a group's sockets keep the program
+// attached until the last of them closes. Safe to call twice.
+func (g *Group) Close() error {
+	var errs []error
+	if g.prog != nil {
+		errs = append(errs, g.prog.Close())
+	}
+	for _, m := range []*ebpf.Map{g.socks, g.cfg, g.counts} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,305 @@
+package steer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// needGroup returns a group in mode m, or skips where BPF is unavailable
+// (fails under CI=true, where it must run).
+func needGroup(t *testing.T, m Mode) *Group {
+	t.Helper()
+	g, err := New(m)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and kernel steering is unavailable: %v", err)
+		}
+		t.Skipf("kernel steering unavailable: %v", err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// pool is an anchor and n listening sockets in slots 0..n-1.
+type pool struct {
+	addr  string
+	socks []*os.File
+}
+
+func newPool(t *testing.T, g *Group, n int) *pool {
+	t.Helper()
+	a, err := Anchor("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	sa, err := unix.Getsockname(int(a.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pool{addr: fmt.Sprintf("127.0.0.1:%d", sa.(*unix.SockaddrInet4).Port)}
+	for i := range n {
+		p.socks = append(p.socks, p.listen(t, g))
+		if err := g.Set(i, p.socks[i].Fd()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.SetActive(n); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *pool) listen(t *testing.T, g *Group) *os.File {
+	t.Helper()
+	f, err := g.Listen("tcp4", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// queued is how many connections wait in f's accept queue.
+func queued(t *testing.T, f *os.File) int {
+	t.Helper()
+	info, err := unix.GetsockoptTCPInfo(int(f.Fd()), unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(info.Unacked)
+}
+
+// dial connects n clients from source address src ("" = any); they are
+// closed at cleanup.
+func dial(t *testing.T, addr, src string, n int) []net.Conn {
+	t.Helper()
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if src != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+	}
+	var cs []net.Conn
+	for range n {
+		c, err := d.Dial("tcp4", addr)
+		if err != nil {
+			t.Fatalf("dial %s from %q: %v", addr, src, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+func counts(t *testing.T, socks []*os.File) []int {
+	out := make([]int, len(socks))
+	for i, f := range socks {
+		out[i] = queued(t, f)
+	}
+	return out
+}
+
+func TestEvenSpreadsAcrossSockets(t *testing.T) {
+	g := needGroup(t, Even)
+	p := newPool(t, g, 4)
+	dial(t, p.addr, "", 200)
+	got := counts(t, p.socks)
+	sum := 0
+	for i, n := range got {
+		sum += n
+		if n != 50 { // one client after the other: turns are exact
+			t.Errorf("socket %d got %d of 200 connections, want 50 (all: %v)", i, n, got)
+		}
+	}
+	if sum != 200 {
+		t.Errorf("%d of 200 connections queued on the slots: %v", sum, got)
+	}
+	for i := range p.socks {
+		if n, err := g.Count(i); err != nil || n != 50 {
+			t.Errorf("the count of slot %d is %d, %v; want 50", i, n, err)
+		}
+	}
+}
+
+func TestStickyKeepsAClientOnOneSocket(t *testing.T) {
+	g := needGroup(t, Sticky)
+	p := newPool(t, g, 4)
+	used := map[int]bool{}
+	for c := 2; c < 12; c++ {
+		before := counts(t, p.socks)
+		dial(t, p.addr, fmt.Sprintf("127.0.0.%d", c), 6)
+		after := counts(t, p.socks)
+		var got []int
+		for i := range after {
+			if after[i] != before[i] {
+				got = append(got, i)
+			}
+		}
+		if len(got) != 1 || after[got[0]]-before[got[0]] != 6 {
+			t.Fatalf("127.0.0.%d: connections went to sockets %v (before %v, after %v); want all on one", c, got, before, after)
+		}
+		used[got[0]] = true
+	}
+	if len(used) < 2 {
+		t.Errorf("10 clients all on socket(s) %v: the client address is not hashed", used)
+	}
+}
+
+func TestClearedAndSpareSlotsGetNone(t *testing.T) {
+	g := needGroup(t, Even)
+	p := newPool(t, g, 3)
+	if err := g.Clear(1); err != nil {
+		t.Fatal(err)
+	}
+	spare := p.listen(t, g)
+	if err := g.Set(3, spare.Fd()); err != nil { // past Active: a spare
+		t.Fatal(err)
+	}
+	dial(t, p.addr, "", 60)
+	got := counts(t, append(p.socks, spare))
+	if got[1] != 0 || got[3] != 0 || got[0]+got[2] != 60 {
+		t.Errorf("queues %v: the cleared slot 1 and the spare must get none", got)
+	}
+}
+
+func TestStickyClientsOfAGoneSocketMoveTogether(t *testing.T) {
+	g := needGroup(t, Sticky)
+	p := newPool(t, g, 3)
+	dial(t, p.addr, "127.0.0.2", 3)
+	before := counts(t, p.socks)
+	home := -1
+	for i, n := range before {
+		if n == 3 {
+			home = i
+		}
+	}
+	if home < 0 {
+		t.Fatalf("queues %v: the client is not on one socket", before)
+	}
+	if err := g.Clear(home); err != nil { // as when its worker goes
+		t.Fatal(err)
+	}
+	dial(t, p.addr, "127.0.0.2", 4)
+	after := counts(t, p.socks)
+	moved := 0
+	for i := range after {
+		if d := after[i] - before[i]; d != 0 {
+			if d != 4 || i == home {
+				t.Fatalf("queues %v → %v: the client's 4 new connections must all reach one other socket", before, after)
+			}
+			moved++
+		}
+	}
+	if moved != 1 {
+		t.Fatalf("queues %v → %v", before, after)
+	}
+}
+
+// TestClosedSocketHandsOnItsQueue: connections queued on a socket that
+// closes are accepted from another (request migration), none reset.
+func TestClosedSocketHandsOnItsQueue(t *testing.T) {
+	g := needGroup(t, Even)
+	p := newPool(t, g, 2)
+	if err := g.SetActive(1); err != nil { // everything to slot 0
+		t.Fatal(err)
+	}
+	cs := dial(t, p.addr, "", 20)
+	if n := queued(t, p.socks[0]); n != 20 {
+		t.Fatalf("%d connections queued on slot 0, want 20", n)
+	}
+	p.socks[0].Close()
+	if got := queued(t, p.socks[1]); got != 20 {
+		t.Fatalf("after the close, %d of 20 queued connections are on the other socket", got)
+	}
+	echoAll(t, p.socks[1:], cs)
+}
+
+// echoAll accepts len(cs) connections from the sockets socks, answers
+// each, and checks every client got its answer (none reset).
+func echoAll(t *testing.T, socks []*os.File, cs []net.Conn) {
+	t.Helper()
+	for _, f := range socks {
+		ln, err := net.FileListener(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte("y"))
+				c.Close()
+			}
+		}()
+	}
+	for i, c := range cs {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		if err != nil || string(b) != "y" {
+			t.Errorf("client %d: got %q, %v; want an answer", i, b, err)
+		}
+	}
+}
+
+// TestHeldConnectionsAreServedAfterUnhold: while held, connections wait
+// on the hold socket; after Unhold and its close, the workers get them.
+func TestHeldConnectionsAreServedAfterUnhold(t *testing.T) {
+	g := needGroup(t, Sticky)
+	p := newPool(t, g, 2)
+	hold := p.listen(t, g)
+	if err := g.Hold(hold.Fd()); err != nil {
+		t.Fatal(err)
+	}
+	cs := dial(t, p.addr, "127.0.0.3", 5)
+	cs = append(cs, dial(t, p.addr, "", 5)...)
+	if got := counts(t, append(p.socks, hold)); got[0]+got[1] != 0 || got[2] != 10 {
+		t.Fatalf("held: queues %v, want all 10 on the hold socket", got)
+	}
+	if err := g.Unhold(); err != nil {
+		t.Fatal(err)
+	}
+	hold.Close()
+	got := counts(t, p.socks)
+	if got[0]+got[1] != 10 {
+		t.Fatalf("after unhold: queues %v, want the 10 held connections", got)
+	}
+	echoAll(t, p.socks, cs)
+}
+
+func TestFromFileTakesTheGroupOver(t *testing.T) {
+	g := needGroup(t, Sticky)
+	f, err := g.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g2, err := FromFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g2.Close()
+	if m, err := g2.Mode(); err != nil || m != Sticky {
+		t.Fatalf("mode through the passed program: %v, %v; want sticky", m, err)
+	}
+	p := newPool(t, g2, 2) // slots set through the taken-over maps
+	dial(t, p.addr, "", 10)
+	if got := counts(t, p.socks); got[0]+got[1] != 10 {
+		t.Fatalf("queues %v", got)
+	}
+}
+
+func TestUnavailableWrapsTheReason(t *testing.T) {
+	err := unavailable("load", unix.EPERM)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, unix.EPERM) {
+		t.Fatalf("%v", err)
+	}
+}
