@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/workers"
 )
 
 // afterHooks tracks the after hooks that run or wait to run: a deploy's
@@ -73,6 +74,23 @@ func (t *afterHooks) close() {
 	_ = t.wait(context.Background())
 }
 
+// queue queues h as rt's after hook to run.
+func (t *afterHooks) queue(rt *appRT, h *hookRun) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.queued == nil {
+		t.queued = map[*appRT]*hookRun{}
+	}
+	t.queued[rt] = h
+}
+
+// count is how many hooks (or queues) run.
+func (t *afterHooks) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.running
+}
+
 // take returns and forgets rt's queued hook, nil when none is.
 func (t *afterHooks) take(rt *appRT) *hookRun {
 	t.mu.Lock()
@@ -90,15 +108,10 @@ func (t *afterHooks) take(rt *appRT) *hookRun {
 // slips in before its hook, as none does before a deploy's after hook.
 func (a *Agent) queueAfter(rt *appRT, h *hookRun) {
 	if !a.hooks.enter() {
-		a.log.Error("after hook not run: the agent is stopping", "app", rt.name, "hook", h.name, "version", h.version)
+		rt.log.Error("after hook not run: the agent is stopping", "hook", h.name, "version", h.version)
 		return
 	}
-	a.hooks.mu.Lock()
-	if a.hooks.queued == nil {
-		a.hooks.queued = map[*appRT]*hookRun{}
-	}
-	a.hooks.queued[rt] = h
-	a.hooks.mu.Unlock()
+	a.hooks.queue(rt, h)
 	owned := rt.busy.TryLock()
 	go func() {
 		defer a.hooks.leave()
@@ -106,27 +119,24 @@ func (a *Agent) queueAfter(rt *appRT, h *hookRun) {
 			rt.busy.Lock()
 		}
 		defer rt.busy.Unlock()
-		a.runQueuedAfter(rt, nil)
+		a.runQueuedAfter(rt, discard)
 	}()
 }
 
-// runQueuedAfter runs rt's queued after hook, if any, announcing it on st
-// (nil: no one asked); rt.busy is held. Nil when none was queued.
-func (a *Agent) runQueuedAfter(rt *appRT, st *stream) []api.HookResult {
+// runQueuedAfter runs rt's queued after hook, if any, announcing it to
+// emit; rt.busy is held. Nil when none was queued.
+func (a *Agent) runQueuedAfter(rt *appRT, emit func(workers.Event)) []api.HookResult {
 	h := a.hooks.take(rt)
 	if h == nil {
 		return nil
 	}
-	return []api.HookResult{a.runHook(rt, rt.config(), h, st)}
+	return []api.HookResult{a.runHook(rt, rt.config(), h, emit)}
 }
 
 // waitHooks waits, for an upgrade, until no after hook runs: the agent
 // that started a hook reports its end.
 func (a *Agent) waitHooks(ctx context.Context) error {
-	a.hooks.mu.Lock()
-	n := a.hooks.running
-	a.hooks.mu.Unlock()
-	if n > 0 {
+	if n := a.hooks.count(); n > 0 {
 		a.log.Info("upgrade: waiting for after hooks to end", "hooks", n)
 	}
 	return a.hooks.wait(ctx)

@@ -1,13 +1,15 @@
-// Package agent is the deployd daemon. It owns its lifecycle (a run group:
-// upgrader, control server, STATUS= updates, signal loop, and one teardown),
-// each app's runtime (its running config, its listener leases and one
-// workers.Supervisor), the [agent] settings it started with, the state file
-// and the metrics; it serves the control API on a Unix socket and handles
-// signals and self-upgrades.
+// Package agent is the deployd daemon's core. It owns its lifecycle (a run
+// group: upgrader, the edge that serves clients, STATUS= updates, signal
+// loop, and one teardown), the set of apps and each app's runtime (its
+// running config, its listener leases and one workers.Supervisor), the
+// [agent] settings it started with, the state file, and self-upgrades. Its
+// operations (Reload, Deploy, Scale, ...) take typed requests and return
+// typed results and errors (outcome.go maps them), and report progress as
+// workers.Events; it has no HTTP: package agent/control serves them on the
+// control socket, with the metrics endpoint.
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +41,11 @@ type Options struct {
 	// Ready, when set, is called once every app's workers are ready and the
 	// control socket answers (used by `deployd demo` to print what to try).
 	Ready func(a *Agent)
+	// Edge serves the agent to its clients (package agent/control: the
+	// control API on the control socket, the metrics endpoint on metrics,
+	// nil when [agent] metrics is off). Without it the agent holds the
+	// control socket open but answers nothing (tests of the lifecycle).
+	Edge func(a *Agent, control, metrics net.Listener, log hclog.Logger) Edge
 
 	// upgrader replaces tableflip in tests.
 	upgrader func(config.Agent) (upgrader, error)
@@ -51,10 +58,10 @@ type SetupError struct{ Err error }
 func (e *SetupError) Error() string { return e.Err.Error() }
 func (e *SetupError) Unwrap() error { return e.Err }
 
-// Agent is a running daemon. mu guards apps, and is only ever taken in leaf
-// code that calls nothing which may lock (a re-entrant Lock deadlocks); the [agent]
-// settings and the config path are read once at start and never change
-// (each app's running config belongs to its appRT).
+// Agent is a running daemon. Its apps belong to apps (appSet), each app's
+// running config to its appRT; the [agent] settings and the config path are
+// read once at start and never change. Its methods are safe for concurrent
+// use.
 type Agent struct {
 	log      hclog.Logger
 	shim     string
@@ -65,8 +72,7 @@ type Agent struct {
 	upg      upgrader
 	reg      *handoff.Registry // every listener of every app
 
-	mu         sync.Mutex
-	apps       map[string]*appRT
+	apps       appSet
 	generation atomic.Int64 // the last spec's generation (specFor); no lock
 
 	shutdown     chan struct{} // closed to ask for a shutdown
@@ -91,11 +97,10 @@ type Agent struct {
 	// (survivors.go): retired once this agent's workers are ready.
 	found        []survivor
 	foundRecords []string
-	sys          sysState       // the metrics server (metrics.go)
-	ctl          *controlServer // the control server (control.go); nil until group
+	metrics      net.Listener                                                // [agent] metrics; nil when off (systemd.go)
+	newEdge      func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
 
 	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
-	nofile        uint64 // RLIMIT_NOFILE, raised to its hard limit at start (connlimit.go)
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -120,10 +125,9 @@ func Run(opts Options) error {
 	}
 	a := &Agent{
 		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, path: cfg.Path, settings: cfg.Agent,
-		upg: upg, apps: map[string]*appRT{}, shutdown: make(chan struct{}), ready: make(chan struct{}),
-		changed: make(chan struct{}, 1),
+		upg: upg, shutdown: make(chan struct{}), ready: make(chan struct{}),
+		changed: make(chan struct{}, 1), newEdge: opts.Edge,
 	}
-	a.startLimits()
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
@@ -171,8 +175,9 @@ func Run(opts Options) error {
 var errStopped = errors.New("agent: stopped")
 
 // group is the agent's lifecycle: the upgrader (a handoff ends it), the
-// control server, the STATUS= updates and the agent loop (startup, then
-// signals). The first to return stops the others, in this order.
+// edge (the control server and the metrics endpoint), the STATUS= updates
+// and the agent loop (startup, then signals). The first to return stops the
+// others, in this order.
 func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Agent)) *run.Group {
 	var g run.Group
 	stopUpg := make(chan struct{})
@@ -193,15 +198,13 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 			a.upg.Stop()
 		}
 	})
-	lim := newConnLimiter(controlListener(ctl), limitsFor(a.nofile), a.isOwnerUID, a.log.Named("control"))
-	a.ctl = newControlServer(a.routes(), a.connContext, lim, a.log.Named("control"))
-	ln := net.Listener(lim)
+	edge := a.edge(ctl)
 	g.Add(func() error {
-		if err := a.ctl.serve(ln); err != nil {
+		if err := edge.Serve(); err != nil {
 			a.log.Error("control server stopped", "error", err)
 		}
 		return errStopped // as a shutdown: the agent stops and exits 0
-	}, func(error) { a.ctl.stop(ln) })
+	}, func(error) { edge.Stop() })
 	stopStatus := make(chan struct{})
 	g.Add(func() error { a.statusUpdates(stopStatus); return nil }, func(error) { close(stopStatus) })
 	stopRec := make(chan struct{})
@@ -242,7 +245,9 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 			a.stopApp(rt)
 		}
 	})
-	a.stopSys()
+	if a.metrics != nil {
+		a.metrics.Close() // our copy: tableflip, or the next agent, holds its own
+	}
 	if removeFiles {
 		_ = os.Remove(a.socket)
 		a.reg.RemoveSocketFiles()
@@ -326,7 +331,7 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 			case syscall.SIGHUP:
 				a.upgWG.Go(a.upgradeAsync)
 			case syscall.SIGUSR1:
-				a.rotateLogs()
+				a.rotateAll()
 			default:
 				a.log.Info("signal received, stopping", "signal", sig)
 				return errStopped
@@ -353,8 +358,8 @@ func (a *Agent) stopApp(rt *appRT) {
 // ErrHandedOff is returned by Run when a new agent took over (upgrade).
 var ErrHandedOff = errors.New("agent: handed off to a new agent")
 
-// requestShutdown makes Run stop. Safe to call many times.
-func (a *Agent) requestShutdown() {
+// Shutdown makes Run stop. Safe to call many times.
+func (a *Agent) Shutdown() {
 	a.shutdownOnce.Do(func() { close(a.shutdown) })
 }
 
@@ -391,7 +396,7 @@ func (a *Agent) listenControl() (net.Listener, error) {
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
 	if g := a.settings.SocketGroup; g != "" {
-		gid, err := lookupGroup(g)
+		gid, err := LookupGroup(g)
 		if err == nil {
 			err = os.Chown(path, -1, gid)
 		}
@@ -406,10 +411,11 @@ func (a *Agent) listenControl() (net.Listener, error) {
 	return ln, nil
 }
 
-func (a *Agent) rotateLogs() {
+// rotateAll reopens (rotates) every app's log files (SIGUSR1).
+func (a *Agent) rotateAll() {
 	for _, rt := range a.appList() {
 		if err := rt.rotateLogs(); err != nil {
-			a.log.Error("rotate logs", "app", rt.name, "error", err)
+			rt.log.Error("rotate logs", "error", err)
 		}
 	}
 }
@@ -420,11 +426,5 @@ func notify(state string) { _, _ = daemon.SdNotify(false, state) }
 // Socket returns the control socket path.
 func (a *Agent) Socket() string { return a.socket }
 
-// controlStopping is cancelled when the control server begins to stop:
-// streams that last as long as their client wants end on it.
-func (a *Agent) controlStopping() context.Context {
-	if a.ctl == nil {
-		return context.Background()
-	}
-	return a.ctl.stopping
-}
+// Settings are the [agent] settings the agent started with.
+func (a *Agent) Settings() config.Agent { return a.settings }

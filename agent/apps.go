@@ -11,7 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
@@ -19,18 +22,23 @@ import (
 	"github.com/deployd/deployd/workers/logs"
 )
 
-// appRT is one app at run time. Owned by Agent (under a.mu); the supervisor
-// is safe for concurrent use.
+// appRT is one app at run time. Owned by the agent's appSet; the
+// supervisor is safe for concurrent use.
 type appRT struct {
 	name     string
+	log      hclog.Logger // the agent's, with the app's name bound
 	sup      *workers.Supervisor
 	out, err *logs.Sink
 	// busy is held by the operation that replaces workers (reload, deploy,
-	// rollback, restart, scale): a second one is refused at once.
+	// rollback, restart, scale): a second one is refused at once (admit).
 	busy sync.Mutex
+	// unstarted: built by a reload and swapped in; the reload's move
+	// starts it (begin).
+	unstarted atomic.Bool
 
-	// mu guards cfg, lease and stale. cfg is the app's running config: only
-	// an operation of this app that succeeded sets it.
+	// mu guards cfg, lease and stale, and is taken only in the leaf methods
+	// below. cfg is the app's running config: only an operation of this app
+	// that succeeded sets it.
 	mu    sync.Mutex
 	cfg   *config.App
 	lease *handoff.Lease // the listeners of cfg
@@ -50,8 +58,9 @@ func (rt *appRT) config() *config.App {
 // bound returns the listeners of the app's running config.
 func (rt *appRT) bound() []handoff.Bound {
 	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	return rt.lease.Bound()
+	lease := rt.lease
+	rt.mu.Unlock()
+	return lease.Bound()
 }
 
 // settle records the outcome of a reload to app (whose spec holds lease):
@@ -59,40 +68,84 @@ func (rt *appRT) bound() []handoff.Bound {
 // every slot rolled back, lease goes; otherwise (a slot may still run the
 // new spec) lease stays until the next operation that settles every worker.
 func (rt *appRT) settle(app *config.App, lease *handoff.Lease, err error) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
 	var ab *workers.AbandonedError
 	switch {
 	case err == nil:
-		old := append(rt.stale, rt.lease)
-		rt.cfg, rt.lease, rt.stale = app, lease, nil
-		for _, l := range old {
-			l.Release()
-		}
+		releaseAll(rt.swapConfig(app, lease))
 	case errors.As(err, &ab) && ab.RolledBack, errors.Is(err, workers.ErrBusy):
 		lease.Release()
 	default:
-		rt.stale = append(rt.stale, lease)
+		rt.hold(lease)
 	}
+}
+
+// swapConfig makes app (whose spec holds lease) the running config and
+// returns the leases it no longer needs.
+func (rt *appRT) swapConfig(app *config.App, lease *handoff.Lease) []*handoff.Lease {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	old := append(rt.stale, rt.lease)
+	rt.cfg, rt.lease, rt.stale = app, lease, nil
+	return old
+}
+
+// hold keeps lease among the stale ones until the app settles: a spec's
+// workers may run on it (a canary's, a reload's that did not roll back).
+func (rt *appRT) hold(lease *handoff.Lease) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.stale = append(rt.stale, lease)
+}
+
+// unhold takes lease out of the stale ones, for the caller to settle it.
+func (rt *appRT) unhold(lease *handoff.Lease) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for i, l := range rt.stale {
+		if l == lease {
+			rt.stale = append(rt.stale[:i], rt.stale[i+1:]...)
+			return
+		}
+	}
+}
+
+// takeStale returns and forgets the stale leases.
+func (rt *appRT) takeStale() []*handoff.Lease {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	stale := rt.stale
+	rt.stale = nil
+	return stale
 }
 
 // settled releases the stale leases once every worker runs the running
 // config again (a restart or deploy that succeeded).
-func (rt *appRT) settled() {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	for _, l := range rt.stale {
-		l.Release()
-	}
-	rt.stale = nil
-}
+func (rt *appRT) settled() { releaseAll(rt.takeStale()) }
 
 // release gives back every lease, once the app's workers are stopped.
 func (rt *appRT) release() {
 	rt.settled()
 	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	rt.lease.Release()
+	lease := rt.lease
+	rt.mu.Unlock()
+	lease.Release()
+}
+
+// discard stops the app's workers (if it ever started any), closes its
+// logs and gives back its leases: an app removed, or built and not used.
+func (rt *appRT) discard() {
+	rt.sup.Stop()
+	rt.closeLogs()
+	rt.release()
+}
+
+// begin reports, once, that rt was built by a reload and never started.
+func (rt *appRT) begin() bool { return rt.unstarted.CompareAndSwap(true, false) }
+
+func releaseAll(ls []*handoff.Lease) {
+	for _, l := range ls {
+		l.Release()
+	}
 }
 
 func (rt *appRT) closeLogs() {
@@ -115,15 +168,7 @@ func (rt *appRT) rotateLogs() error {
 }
 
 // appList returns the apps sorted by name.
-func (a *Agent) appList() []*appRT {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	rts := make([]*appRT, 0, len(a.apps))
-	for _, n := range sortedKeys(a.apps) {
-		rts = append(rts, a.apps[n])
-	}
-	return rts
-}
+func (a *Agent) appList() []*appRT { return a.apps.list() }
 
 // eachApp runs fn for every app in rts in parallel and waits.
 func eachApp(rts []*appRT, fn func(rt *appRT)) {
@@ -136,9 +181,7 @@ func eachApp(rts []*appRT, fn func(rt *appRT)) {
 
 // AppConfig returns the running config of app, nil for an unknown app.
 func (a *Agent) AppConfig(app string) *config.App {
-	a.mu.Lock()
-	rt := a.apps[app]
-	a.mu.Unlock()
+	rt := a.apps.get(app)
 	if rt == nil {
 		return nil
 	}
@@ -175,7 +218,7 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt := &appRT{name: app.Name, cfg: app, lease: lease}
+	rt := &appRT{name: app.Name, log: a.log.With("app", app.Name), cfg: app, lease: lease}
 	for _, s := range []struct {
 		dst  **logs.Sink
 		name string
@@ -183,7 +226,7 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 		o := logOptions(app)
 		// The agent log says when a file cannot be written (a full log_dir)
 		// and when it works again, once per episode.
-		o.Path, o.Logger = filepath.Join(a.settings.LogDir, s.name), a.log.Named("logs").With("app", app.Name)
+		o.Path, o.Logger = filepath.Join(a.settings.LogDir, s.name), rt.log.Named("logs")
 		*s.dst, err = logs.OpenSink(o)
 		if err != nil {
 			rt.closeLogs()
@@ -296,7 +339,7 @@ func credential(app *config.App) (*syscall.Credential, error) {
 		}
 	}
 	if app.Group != "" {
-		gid, err := lookupGroup(app.Group)
+		gid, err := LookupGroup(app.Group)
 		if err != nil {
 			return nil, err
 		}
@@ -324,7 +367,8 @@ func lookupUser(name string) (*user.User, error) {
 	return u, nil
 }
 
-func lookupGroup(name string) (int, error) {
+// LookupGroup returns the gid of a group, by name or number.
+func LookupGroup(name string) (int, error) {
 	if id, err := strconv.Atoi(name); err == nil {
 		return id, nil
 	}
@@ -333,4 +377,17 @@ func lookupGroup(name string) (int, error) {
 		return 0, fmt.Errorf("group %q: %w", name, err)
 	}
 	return strconv.Atoi(g.Gid)
+}
+
+// RunsAsRoot reports whether app's workers and hooks run as uid 0: the
+// agent is root and the app has no user, or a user whose uid is 0.
+func RunsAsRoot(app *config.App) bool {
+	if os.Getuid() != 0 {
+		return false
+	}
+	cred, err := credential(app)
+	if err != nil {
+		return false // the app cannot start at all
+	}
+	return cred == nil || cred.Uid == 0
 }

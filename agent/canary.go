@@ -1,10 +1,9 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -39,43 +38,44 @@ func holdErr(e workers.CanaryEnd) error {
 	return &workers.AbandonedError{Reason: errors.New("canary " + string(e.Outcome)), RolledBack: true}
 }
 
-// reloadCanary holds a canary of a config reload of rt to app, whose spec
-// holds lease: the lease stays with rt (as a stale one, released with the
-// app) until the hold ends and settles it.
-func (a *Agent) reloadCanary(rt *appRT, app *config.App, lease *handoff.Lease, spec *workers.Spec,
-	strategy workers.Strategy, n int, emit func(workers.Event)) api.AppResult {
-	c := canaryOf(app, n, func(e workers.CanaryEnd) {
-		rt.mu.Lock()
-		rt.stale = slices.DeleteFunc(rt.stale, func(l *handoff.Lease) bool { return l == lease })
-		rt.mu.Unlock()
-		rt.settle(app, lease, holdErr(e))
-		a.logCanaryEnd(rt.name, e)
+// target is where a reload moves an app: its new config, the spec built
+// from it and the lease of that spec's listeners.
+type target struct {
+	app   *config.App
+	spec  *workers.Spec
+	lease *handoff.Lease
+}
+
+// reloadCanary holds a canary of n workers of a config reload of rt to t:
+// t's lease stays with rt (as a stale one, released with the app) until the
+// hold ends and settles it.
+func reloadCanary(rt *appRT, t target, strategy workers.Strategy, n int, emit func(workers.Event)) api.AppResult {
+	c := canaryOf(t.app, n, func(e workers.CanaryEnd) {
+		rt.unhold(t.lease)
+		rt.settle(t.app, t.lease, holdErr(e))
+		logCanaryEnd(rt, e)
 	})
-	rt.mu.Lock()
-	rt.stale = append(rt.stale, lease)
-	rt.mu.Unlock()
-	err := rt.sup.ReloadCanary(spec, strategy, c, emit)
+	rt.hold(t.lease)
+	err := rt.sup.ReloadCanary(t.spec, strategy, c, emit)
 	if err != nil {
-		rt.mu.Lock()
-		rt.stale = slices.DeleteFunc(rt.stale, func(l *handoff.Lease) bool { return l == lease })
-		rt.mu.Unlock()
-		rt.settle(app, lease, err)
-		res := appResult(app.Name, err)
-		res.Release = spec.Release
+		rt.unhold(t.lease)
+		rt.settle(t.app, t.lease, err)
+		res := appResult(rt.name, err)
+		res.Release = t.spec.Release
 		return res
 	}
-	res := api.AppResult{App: app.Name, Outcome: api.OutcomeHeld, Release: spec.Release,
+	res := api.AppResult{App: rt.name, Outcome: api.OutcomeHeld, Release: t.spec.Release,
 		Canary: apiCanary(rt.sup.Status().Canary)}
-	a.log.Info("canary held", "app", app.Name, "release", spec.Release, "workers", n)
+	rt.log.Info("canary held", "release", t.spec.Release, "workers", n)
 	return res
 }
 
-// deployCanary holds a canary of a deploy (or rollback) of rt to release
-// version; its end records the release as rollTo does.
-func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Strategy, n int,
-	emit func(workers.Event), res *api.DeployResult) error {
+// deployCanary holds a canary of r.canary workers of a deploy (or
+// rollback) of rt to spec (release res.Version); its end records the
+// release as rollTo does.
+func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, r roll, emit func(workers.Event), res *api.DeployResult) error {
 	version, prev := res.Version, res.Previous
-	c := canaryOf(rt.config(), n, func(e workers.CanaryEnd) {
+	c := canaryOf(rt.config(), r.canary, func(e workers.CanaryEnd) {
 		if e.Outcome == workers.CanaryPromoted {
 			a.rollServing(rt, version, prev, &api.DeployResult{})
 			// The after hook runs once the release serves everywhere, in
@@ -87,89 +87,83 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, strategy workers.Str
 		} else {
 			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
 		}
-		a.logCanaryEnd(rt.name, e)
+		logCanaryEnd(rt, e)
 	})
-	if err := rt.sup.ReloadCanary(spec, strategy, c, emit); err != nil {
+	if err := rt.sup.ReloadCanary(spec, r.strategy, c, emit); err != nil {
 		return err
 	}
 	res.Status, res.Canary = api.DeployHeld, apiCanary(rt.sup.Status().Canary)
-	a.log.Info("canary held", "app", rt.name, "release", version, "previous", prev, "workers", n)
+	rt.log.Info("canary held", "release", version, "previous", prev, "workers", r.canary)
 	return nil
 }
 
-func (a *Agent) logCanaryEnd(app string, e workers.CanaryEnd) {
-	kv := []any{"app", app, "outcome", e.Outcome, "by", e.By, "release", e.Release, "previous", e.Previous,
+func logCanaryEnd(rt *appRT, e workers.CanaryEnd) {
+	kv := []any{"outcome", e.Outcome, "by", e.By, "release", e.Release, "previous", e.Previous,
 		"held", e.Held.Round(time.Millisecond)}
 	if e.Reason != "" {
 		kv = append(kv, "reason", e.Reason)
 	}
 	if e.Err != nil {
-		a.log.Error("canary ended; not every worker is back", append(kv, "error", e.Err)...)
+		rt.log.Error("canary ended; not every worker is back", append(kv, "error", e.Err)...)
 		return
 	}
-	a.log.Info("canary ended", kv...)
+	rt.log.Info("canary ended", kv...)
 }
 
-func (a *Agent) handlePromote(w http.ResponseWriter, r *http.Request) { a.endCanary(w, r, "promote") }
-func (a *Agent) handleAbort(w http.ResponseWriter, r *http.Request)   { a.endCanary(w, r, "abort") }
+// Promote rolls the app's held canary out to every worker.
+func (a *Agent) Promote(ctx context.Context, app string, emit func(workers.Event)) (*api.Result, error) {
+	return a.endCanary(ctx, app, workers.CanaryPromoted, emit)
+}
 
-// endCanary promotes or aborts (verb) the app's held canary and streams
-// the result. Without a hold it answers KindNoCanary, unless the last hold
-// ended the way asked (then it says so, ok).
-func (a *Agent) endCanary(w http.ResponseWriter, r *http.Request, verb string) {
-	var req api.AppRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	a.mu.Lock()
-	rt := a.apps[req.App]
-	a.mu.Unlock()
-	if rt == nil {
-		writeError(w, http.StatusNotFound, a.noSuchApp(req.App))
-		return
-	}
-	want := map[string]workers.CanaryOutcome{"promote": workers.CanaryPromoted, "abort": workers.CanaryAborted}[verb]
-	s := rt.sup.Status()
-	if s.Canary == nil && (s.LastCanary == nil || s.LastCanary.Outcome != want) {
-		if msg, starting := canaryStarting(rt.name, s); starting {
-			writeError(w, api.KindBusy.HTTPStatus(), msg)
-			return
+// Abort puts the app's held canary back on the previous release or config.
+func (a *Agent) Abort(ctx context.Context, app string, emit func(workers.Event)) (*api.Result, error) {
+	return a.endCanary(ctx, app, workers.CanaryAborted, emit)
+}
+
+// endCanary promotes or aborts (want) the app's held canary. Without a
+// hold it refuses with KindNoCanary, unless the last hold ended the way
+// asked (then it says so, ok).
+func (a *Agent) endCanary(_ context.Context, name string, want workers.CanaryOutcome, emit func(workers.Event)) (*api.Result, error) {
+	var s workers.AppStatus
+	check := func(rt *appRT) error {
+		s = rt.sup.Status()
+		if s.Canary != nil || (s.LastCanary != nil && s.LastCanary.Outcome == want) {
+			return nil
 		}
-		writeError(w, api.KindNoCanary.HTTPStatus(), noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
-		return
+		if msg, starting := canaryStarting(rt.name, s); starting {
+			return failWith(api.KindBusy, "%s", msg)
+		}
+		return failWith(api.KindNoCanary, "%s", noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
 	}
 	// A hold that ended already needs no lock to be told: the lock may be
 	// held by the after hook of a hold that canary_timeout promoted.
-	locked := rt.busy.TryLock()
+	rt, done, locked, err := a.admit(name, rule{endsHold: true, check: check, lockIfFree: true})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if !locked && s.Canary != nil {
-		writeError(w, http.StatusConflict, busyMessage(rt.name))
-		return
+		return nil, refused(rt.name, workers.ErrBusy)
 	}
-	if locked {
-		defer rt.busy.Unlock()
-	}
-	st := newStream(w)
 	t := time.Now()
 	var end workers.CanaryEnd
-	var err error
 	switch {
 	case s.Canary == nil: // ended that way already
 		end = *s.LastCanary
-	case verb == "promote":
-		end, err = rt.sup.Promote(st.event)
+	case want == workers.CanaryPromoted:
+		end, err = rt.sup.Promote(emit)
 	default:
-		end, err = rt.sup.Abort(st.event)
+		end, err = rt.sup.Abort(emit)
 	}
 	res := canaryResult(rt.name, end, err)
 	if res.Outcome == api.OutcomePromoted && locked {
-		res.Hooks = a.runQueuedAfter(rt, st) // a deployed canary's after hook
+		res.Hooks = a.runQueuedAfter(rt, emit) // a deployed canary's after hook
 	}
 	res.DurationSeconds = time.Since(t).Seconds()
 	if s.Canary == nil && res.CanaryEnd != nil {
 		res.CanaryEnd.Already = true
 	}
-	st.send(api.StreamLine{Result: &api.Result{OK: err == nil && end.Outcome == want && end.Err == nil,
-		Apps: []api.AppResult{res}}})
+	return &api.Result{OK: err == nil && end.Outcome == want && end.Err == nil, Apps: []api.AppResult{res}}, nil
 }
 
 // canaryResult is the outcome of a promote or abort that ended as end (or
@@ -260,17 +254,6 @@ func slotList(slots []int) string {
 		return "worker " + parts[0]
 	}
 	return "workers " + strings.Join(parts, ", ")
-}
-
-// refuseHold answers the refusal of an operation on rt while it holds a
-// canary, and reports whether it did.
-func refuseHold(w http.ResponseWriter, rt *appRT) bool {
-	he := rt.sup.Holding()
-	if he == nil {
-		return false
-	}
-	writeError(w, http.StatusConflict, holdMessage(rt.name, he))
-	return true
 }
 
 // heldApp returns the refusal of an agent upgrade while an app holds a

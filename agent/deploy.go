@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,33 +13,6 @@ import (
 	"github.com/deployd/deployd/release"
 	"github.com/deployd/deployd/workers"
 )
-
-// releaseApp returns the app named in a release request, answering the
-// error itself when there is none, it takes no releases, or it is busy. The
-// caller must unlock rt.busy.
-func (a *Agent) releaseApp(w http.ResponseWriter, name string) *appRT {
-	a.mu.Lock()
-	rt := a.apps[name]
-	a.mu.Unlock()
-	switch {
-	case rt == nil:
-		writeError(w, http.StatusNotFound, a.noSuchApp(name))
-		return nil
-	case !rt.config().Releases:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf(
-			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
-		return nil
-	case refuseHold(w, rt):
-		return nil
-	case a.state.get(name).Stopped:
-		writeError(w, http.StatusConflict, fmt.Sprintf("%s is stopped (deployd stop); run `deployd start %s` first", name, name))
-		return nil
-	case !rt.busy.TryLock():
-		writeError(w, http.StatusConflict, busyMessage(name))
-		return nil
-	}
-	return rt
-}
 
 func strategyOf(s string) (workers.Strategy, error) {
 	switch workers.Strategy(s) {
@@ -52,33 +24,31 @@ func strategyOf(s string) (workers.Strategy, error) {
 	return "", fmt.Errorf("unknown strategy %q; use rolling or blue-green", s)
 }
 
-func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
-	var req api.DeployRequest
-	if !decode(w, r, &req) {
-		return
-	}
+// Deploy installs the release req names (a file the caller passed, or a
+// path the agent opens for an owner) and rolls the app to it, with its
+// before and after hooks; with req.Canary it holds a canary of that many
+// workers instead. An error is a refusal before anything changed (worded
+// "deploy refused, nothing changed: ..."); otherwise the result says how
+// the deploy ended.
+func (a *Agent) Deploy(ctx context.Context, req api.DeployRequest, by Caller, emit func(workers.Event)) (*api.DeployResult, error) {
 	strategy, err := strategyOf(req.Strategy)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
+		return nil, failWith(api.KindUsage, "%w", err)
 	}
 	if req.Canary < 0 {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("canary %d: give the number of workers to hold on the new release, 1 or more", req.Canary))
-		return
+		return nil, failWith(api.KindUsage, "canary %d: give the number of workers to hold on the new release, 1 or more", req.Canary)
 	}
-	install, err := a.deployInput(r, req)
+	install, err := a.deployInput(ctx, req, by)
 	if err != nil {
-		writeErr(w, "deploy refused, nothing changed: ", err)
-		return
+		return nil, prefixed("deploy refused, nothing changed: ", err)
 	}
-	rt := a.releaseApp(w, req.App)
-	if rt == nil {
-		return
+	rt, done, _, err := a.admit(req.App, rule{releases: true})
+	if err != nil {
+		return nil, err
 	}
-	defer rt.busy.Unlock()
+	defer done()
 	if err := a.canaryFits(rt, req.Canary); err != nil { // before the install and the before hook
-		writeErr(w, "deploy refused, nothing changed: ", err)
-		return
+		return nil, prefixed("deploy refused, nothing changed: ", err)
 	}
 	t := time.Now()
 	rel, err := install()
@@ -87,31 +57,28 @@ func (a *Agent) handleDeploy(w http.ResponseWriter, r *http.Request) {
 		if kindOf(err) == api.KindFailed {
 			prefix = "deploy failed, nothing changed: "
 		}
-		writeErr(w, prefix, err)
-		return
+		return nil, prefixed(prefix, err)
 	}
 	if err := checkReleaseCommand(rt, rel); err != nil {
 		if rel.Created {
 			os.RemoveAll(rel.Path)
 		}
-		writeError(w, http.StatusUnprocessableEntity, "deploy refused, nothing changed: "+err.Error())
-		return
+		return nil, failWith(api.KindRefused, "deploy refused, nothing changed: %w", err)
 	}
-	a.log.Info("release installed", "app", req.App, "version", rel.Version, "sha256", rel.SHA256, "kind", rel.Kind)
-	st := newStream(w)
-	res := a.rollWithHooks(rt, rel.Version, "deploy", rel.Created, strategy, req.Canary, st, api.DeployDeployed)
+	rt.log.Info("release installed", "version", rel.Version, "sha256", rel.SHA256, "kind", rel.Kind)
+	res := a.rollWithHooks(rt, roll{op: "deploy", version: rel.Version, created: rel.Created, strategy: strategy,
+		canary: req.Canary, okStatus: api.DeployDeployed}, emit)
 	res.DurationSeconds = time.Since(t).Seconds()
-	st.send(api.StreamLine{Deploy: res})
+	return res, nil
 }
 
 // deployInput returns the install a deploy request asks for. An attached
 // artifact (a file the client opened) is read from its descriptor; a path
 // is opened by the agent, so only for root and the agent's uid. The file
 // passed is closed when the request ends.
-func (a *Agent) deployInput(r *http.Request, req api.DeployRequest) (func() (*release.Release, error), error) {
-	peer := peerOf(r.Context())
+func (a *Agent) deployInput(ctx context.Context, req api.DeployRequest, by Caller) (func() (*release.Release, error), error) {
 	if req.Attached {
-		f, err := passedFile(r.Context())
+		f, err := by.file()
 		if err != nil {
 			return nil, failWith(api.KindUsage, "%w", err)
 		}
@@ -123,13 +90,13 @@ func (a *Agent) deployInput(r *http.Request, req api.DeployRequest) (func() (*re
 			return nil, err
 		}
 		f = p
-		context.AfterFunc(r.Context(), func() { f.Close() })
+		context.AfterFunc(ctx, func() { f.Close() })
 		src := release.Source{File: f, Kind: req.Kind, Name: req.Name, Idle: a.settings.StreamTimeout}
 		return func() (*release.Release, error) {
 			return a.releases.InstallFrom(req.App, src, req.Version, req.SHA256)
 		}, nil
 	}
-	if peer == nil || peer.Role != RoleOwner {
+	if !by.Owner {
 		return nil, failWith(api.KindForbidden, "permission denied: the agent opens an artifact path for root and its own uid only; "+
 			"members of socket_group pass the artifact itself: use a deployd CLI of this version or later")
 	}
@@ -155,12 +122,12 @@ func checkReleaseCommand(rt *appRT, rel *release.Release) error {
 	return nil
 }
 
-// rollTo moves rt to release version with a reload and records the outcome
-// in the state file; with canary > 0 it holds a canary of that many workers
-// instead, and the hold's end records it. rt.busy is held.
-func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, canary int, emit func(workers.Event), okStatus string) *api.DeployResult {
-	prev := a.state.get(rt.name).Current
-	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: okStatus}
+// rollTo moves rt to release r.version with a reload and records the
+// outcome in the state file; with r.canary it holds a canary instead, and
+// the hold's end records it. rt.busy is held.
+func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployResult {
+	version, prev := r.version, a.state.get(rt.name).Current
+	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: r.okStatus}
 	if version == prev && len(rt.sup.Status().Workers) > 0 {
 		res.Status = api.DeployUnchanged
 		return res
@@ -168,12 +135,12 @@ func (a *Agent) rollTo(rt *appRT, version string, strategy workers.Strategy, can
 	spec, err := a.specFor(rt.config(), rt.bound(), version)
 	switch {
 	case err != nil:
-	case canary > 0:
-		if err = a.deployCanary(rt, spec, strategy, canary, emit, res); err == nil {
+	case r.canary > 0:
+		if err = a.deployCanary(rt, spec, r, emit, res); err == nil {
 			return res
 		}
 	default:
-		err = rt.sup.Reload(spec, strategy, emit)
+		err = rt.sup.Reload(spec, r.strategy, emit)
 	}
 	if err != nil {
 		a.rollFailed(rt, version, err, res)
@@ -200,10 +167,10 @@ func (a *Agent) rollFailed(rt *appRT, version string, err error, res *api.Deploy
 				s.Failed = append(s.Failed, version)
 			}
 		}); serr != nil {
-			a.log.Error("record failed release", "app", rt.name, "error", serr)
+			rt.log.Error("record failed release", "error", serr)
 		}
 	}
-	a.log.Error("release not deployed; the previous one keeps serving", "app", rt.name, "version", version, "error", err)
+	rt.log.Error("release not deployed; the previous one keeps serving", "version", version, "error", err)
 }
 
 // rollServing records that rt serves version (after prev) into res and
@@ -219,82 +186,80 @@ func (a *Agent) rollServing(rt *appRT, version, prev string, res *api.DeployResu
 	}); err != nil {
 		// Serving the new release, but a restart would not know it.
 		res.Error = "serving " + version + ", but the state file could not be written: " + err.Error()
-		a.log.Error("write state", "app", rt.name, "error", err)
+		rt.log.Error("write state", "error", err)
 	}
 	cur := a.state.get(rt.name)
 	if removed, err := a.releases.Prune(rt.name, rt.config().KeepReleases, cur.Current, cur.Previous); err != nil {
-		a.log.Warn("prune releases", "app", rt.name, "error", err)
+		rt.log.Warn("prune releases", "error", err)
 	} else if len(removed) > 0 {
-		a.log.Info("pruned old releases", "app", rt.name, "versions", removed)
+		rt.log.Info("pruned old releases", "versions", removed)
 	}
-	a.log.Info("release serving", "app", rt.name, "version", version, "previous", prev)
+	rt.log.Info("release serving", "version", version, "previous", prev)
 }
 
-func (a *Agent) handleRollback(w http.ResponseWriter, r *http.Request) {
-	var req api.RollbackRequest
-	if !decode(w, r, &req) {
-		return
-	}
+// Rollback rolls the app back to release req.To (the previous one when
+// empty), with its hooks. An error is a refusal before anything changed.
+func (a *Agent) Rollback(_ context.Context, req api.RollbackRequest, emit func(workers.Event)) (*api.DeployResult, error) {
 	strategy, err := strategyOf(req.Strategy)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
+		return nil, failWith(api.KindUsage, "%w", err)
 	}
-	rt := a.releaseApp(w, req.App)
-	if rt == nil {
-		return
+	rt, done, _, err := a.admit(req.App, rule{releases: true})
+	if err != nil {
+		return nil, err
 	}
-	defer rt.busy.Unlock()
+	defer done()
+	target, err := a.rollbackTarget(req)
+	if err != nil {
+		return nil, err
+	}
+	t := time.Now()
+	res := a.rollWithHooks(rt, roll{op: "rollback", version: target, strategy: strategy, okStatus: api.DeployRolledBack}, emit)
+	res.DurationSeconds = time.Since(t).Seconds()
+	return res, nil
+}
+
+// rollbackTarget is the release a rollback moves to: req.To, or the
+// previous one; it must be on this host and not the current one.
+func (a *Agent) rollbackTarget(req api.RollbackRequest) (string, error) {
 	cur := a.state.get(req.App)
 	target := req.To
 	if target == "" {
 		target = cur.Previous
 	}
 	if target == "" {
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s has no previous release to roll back to; see `deployd releases %s`", req.App, req.App))
-		return
+		return "", failWith(api.KindRefused, "%s has no previous release to roll back to; see `deployd releases %s`", req.App, req.App)
 	}
 	if target == cur.Current {
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s is the current release of %s already", target, req.App))
-		return
+		return "", failWith(api.KindRefused, "%s is the current release of %s already", target, req.App)
 	}
 	if _, err := a.releases.Get(req.App, target); err != nil {
 		msg := fmt.Sprintf("no release %s of %s on this host", target, req.App)
 		if errors.Is(err, release.ErrBadArtifact) { // not a version name: "../x", "/etc"
 			msg = err.Error()
 		}
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("rollback refused, nothing changed: %s; "+
-			"give --to one of the versions `deployd releases %s` lists", msg, req.App))
-		return
+		return "", failWith(api.KindRefused, "rollback refused, nothing changed: %s; "+
+			"give --to one of the versions `deployd releases %s` lists", msg, req.App)
 	}
-	t := time.Now()
-	st := newStream(w)
-	res := a.rollWithHooks(rt, target, "rollback", false, strategy, 0, st, api.DeployRolledBack)
-	res.DurationSeconds = time.Since(t).Seconds()
-	st.send(api.StreamLine{Deploy: res})
+	return target, nil
 }
 
-func (a *Agent) handleReleases(w http.ResponseWriter, r *http.Request) {
-	name := r.URL.Query().Get("app")
-	a.mu.Lock()
-	rt := a.apps[name]
-	a.mu.Unlock()
+// Releases lists the releases of app on this host and which serves.
+func (a *Agent) Releases(name string) (*api.Releases, error) {
+	rt := a.apps.get(name)
 	if rt == nil {
-		writeError(w, http.StatusNotFound, a.noSuchApp(name))
-		return
+		return nil, failWith(api.KindNotFound, "%s", a.noSuchApp(name))
 	}
 	if !rt.config().Releases {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf(
-			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name))
-		return
+		return nil, failWith(api.KindUsage,
+			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name)
 	}
 	rels, err := a.releases.List(name)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
+		return nil, err
 	}
 	st := a.state.get(name)
-	out := api.Releases{App: name, Releases: []api.ReleaseInfo{}}
+	out := &api.Releases{App: name, Releases: []api.ReleaseInfo{}}
 	for _, rel := range rels {
 		status := "available"
 		switch {
@@ -308,7 +273,7 @@ func (a *Agent) handleReleases(w http.ResponseWriter, r *http.Request) {
 		out.Releases = append(out.Releases, api.ReleaseInfo{Version: rel.Version, InstalledAt: rel.InstalledAt,
 			SHA256: rel.SHA256, Size: rel.Size, Status: status})
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // canaryFits refuses a --canary of n workers that rt could not hold now

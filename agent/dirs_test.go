@@ -50,7 +50,7 @@ func TestAgentLogsCreatedFoldersAndRemovesEmptyRunDir(t *testing.T) {
 	upg := newFakeUpgrader(false)
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(Options{ConfigPath: path, Logger: log, Ready: func(a *Agent) { a.requestShutdown() },
+		done <- Run(Options{ConfigPath: path, Logger: log, Ready: func(a *Agent) { a.Shutdown() },
 			upgrader: func(config.Agent) (upgrader, error) { return upg, nil }})
 	}()
 	select {

@@ -52,7 +52,6 @@ func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookRe
 	})
 	killer.Stop()
 	defer killer.Stop()
-	o.pid.mu.Lock() // lines wait for the pid
 	cmd, unit, err := procunit.Start("hook-"+app.Name+"-"+h.name, func() *exec.Cmd {
 		cmd := exec.CommandContext(ctx, h.argv[0], h.argv[1:]...)
 		cmd.Dir = h.dir
@@ -73,11 +72,12 @@ func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookRe
 		cmd.WaitDelay = hookKillGrace + time.Second
 		return cmd
 	})
+	pid := 0
 	if err == nil {
-		o.pid.pid = cmd.Process.Pid
+		pid = cmd.Process.Pid
 		started.Store(unit)
 	}
-	o.pid.mu.Unlock()
+	o.pid.store(pid) // the output lines waited for it
 	o.read()
 	if err != nil {
 		res.LastLines = o.finish()
@@ -85,7 +85,7 @@ func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookRe
 	}
 	err = cmd.Wait()
 	killer.Stop()
-	left, endErr := a.endHookUnit(unit, app.Name, h.name)
+	left, endErr := endHookUnit(unit, rt, h.name)
 	res.LastLines = o.finish()
 	var ee *exec.ExitError
 	switch {
@@ -126,16 +126,16 @@ func leftError(left []procunit.Proc, endErr error) error {
 
 // endHookUnit kills what a hook left running once it exited, and waits
 // until it is gone (bounded by hookKillGrace); it logs what it killed.
-func (a *Agent) endHookUnit(u *procunit.Unit, app, hook string) ([]procunit.Proc, error) {
+func endHookUnit(u *procunit.Unit, rt *appRT, hook string) ([]procunit.Proc, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), hookKillGrace)
 	defer cancel()
 	left, err := u.End(ctx)
 	for _, p := range left {
-		a.log.Warn("hook left a process running; killed", "app", app, "hook", hook, "pid", p.PID, "command", p.Name,
+		rt.log.Warn("hook left a process running; killed", "hook", hook, "pid", p.PID, "command", p.Name,
 			"tracked_by", u.Mode())
 	}
 	if err != nil {
-		a.log.Error("hook left processes that could not be killed", "app", app, "hook", hook, "error", err)
+		rt.log.Error("hook left processes that could not be killed", "hook", hook, "error", err)
 	}
 	return left, err
 }
@@ -153,7 +153,7 @@ type hookOutput struct {
 }
 
 func newHookOutput(rt *appRT, app *config.App, h *hookRun) (*hookOutput, error) {
-	o := &hookOutput{tail: logs.NewTail(hookTailLines), pid: &hookPID{}}
+	o := &hookOutput{tail: logs.NewTail(hookTailLines), pid: newHookPID()}
 	var err error
 	if o.outR, o.outW, err = os.Pipe(); err != nil {
 		return nil, err

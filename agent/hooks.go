@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
@@ -56,46 +55,54 @@ func (a *Agent) hookFor(app *config.App, name, op, version, previous string) *ho
 
 // runHook runs h as rt's app user in the release folder, its output
 // going to the app's log (slot -1, each line prefixed "hook NAME: ") and
-// its last lines to the result. It announces its start and end on st. An
+// its last lines to the result. It announces its start and end to emit. An
 // after hook counts in a.hooks (a shutdown or upgrade waits for it), and
 // none starts once the agent stops.
-func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, st *stream) api.HookResult {
+func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, emit func(workers.Event)) api.HookResult {
 	res := api.HookResult{Hook: h.name, Command: h.argv}
 	if h.name == "after" {
 		if !a.hooks.enter() {
 			res.ExitStatus, res.Error = "not started", "after hook not run: the agent is stopping"
-			a.log.Error("hook not run: the agent is stopping", "app", rt.name, "hook", h.name, "version", h.version)
+			rt.log.Error("hook not run: the agent is stopping", "hook", h.name, "version", h.version)
 			return res
 		}
 		defer a.hooks.leave()
 	}
-	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
-		Release: h.version, Message: h.name + " hook started: " + strings.Join(h.argv, " ")}})
+	emit(workers.Event{Time: time.Now(), App: rt.name, Type: workers.EventKind(api.EventHook),
+		Release: h.version, Message: h.name + " hook started: " + strings.Join(h.argv, " ")})
 	t := time.Now()
 	err := a.execHook(rt, app, h, &res)
 	res.DurationSeconds = time.Since(t).Seconds()
 	res.OK = err == nil
 	if err != nil {
 		res.Error = fmt.Sprintf("%s hook %s", h.name, err)
-		a.log.Error("hook failed", "app", rt.name, "hook", h.name, "version", h.version, "error", err)
+		rt.log.Error("hook failed", "hook", h.name, "version", h.version, "error", err)
 	} else {
-		a.log.Info("hook done", "app", rt.name, "hook", h.name, "version", h.version, "seconds", res.DurationSeconds)
+		rt.log.Info("hook done", "hook", h.name, "version", h.version, "seconds", res.DurationSeconds)
 	}
 	msg := fmt.Sprintf("%s hook %s after %s", h.name, res.ExitStatus, time.Since(t).Round(time.Millisecond))
-	st.send(api.StreamLine{Event: &api.Event{Time: time.Now(), App: rt.name, Type: api.EventHook,
-		Release: h.version, Millis: time.Since(t).Milliseconds(), Message: msg}})
+	emit(workers.Event{Time: time.Now(), App: rt.name, Type: workers.EventKind(api.EventHook),
+		Release: h.version, Millis: time.Since(t).Milliseconds(), Message: msg})
 	return res
 }
 
-// hookPID is a hook's pid, set (under mu) once it started.
+// hookPID is a hook's pid, set once it started (0: it did not): its
+// output lines wait for it.
 type hookPID struct {
-	mu  sync.Mutex
+	set chan struct{} // closed once pid is set
 	pid int
 }
 
+func newHookPID() *hookPID { return &hookPID{set: make(chan struct{})} }
+
+// store sets the pid; once.
+func (p *hookPID) store(pid int) {
+	p.pid = pid
+	close(p.set)
+}
+
 func (p *hookPID) get() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	<-p.set
 	return p.pid
 }
 
@@ -181,27 +188,36 @@ func chownRelease(dir string, app *config.App) error {
 	return nil
 }
 
-// rollWithHooks runs rt's before hook in the folder of release version,
+// roll is a move of an app to a release: a deploy or a rollback.
+type roll struct {
+	op       string // "deploy" or "rollback"
+	version  string // the release it moves to
+	created  bool   // this deploy created the release's folder: removed again if refused
+	strategy workers.Strategy
+	canary   int    // > 0: hold a canary of that many workers
+	okStatus string // the DeployResult.Status when it went through
+}
+
+// rollWithHooks runs rt's before hook in the folder of release r.version,
 // rolls rt to it (rollTo), then runs the after hook once it serves (for a
 // canary: when it is promoted, deployCanary and queueAfter). A
 // before hook that fails refuses the operation: no worker changed, and a
-// release folder this deploy created (created) is removed again.
-func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strategy workers.Strategy, canary int,
-	st *stream, okStatus string) *api.DeployResult {
-	app := rt.config()
+// release folder this deploy created is removed again.
+func (a *Agent) rollWithHooks(rt *appRT, r roll, emit func(workers.Event)) *api.DeployResult {
+	app, version, op := rt.config(), r.version, r.op
 	prev := a.state.get(rt.name).Current
 	current := version == prev && len(rt.sup.Status().Workers) > 0
 	var hooks []api.HookResult
 	if h := a.hookFor(app, "before", op, version, prev); h != nil && !current {
-		if created {
+		if r.created {
 			if err := chownRelease(h.dir, app); err != nil {
-				a.log.Warn("give the release folder to the app's user", "app", rt.name, "error", err)
+				rt.log.Warn("give the release folder to the app's user", "error", err)
 			}
 		}
-		hr := a.runHook(rt, app, h, st)
+		hr := a.runHook(rt, app, h, emit)
 		hooks = append(hooks, hr)
 		if !hr.OK {
-			if created {
+			if r.created {
 				os.RemoveAll(h.dir)
 			}
 			serving := "nothing was serving"
@@ -213,9 +229,9 @@ func (a *Agent) rollWithHooks(rt *appRT, version, op string, created bool, strat
 				ExitStatus: hr.ExitStatus, LastLines: hr.LastLines, Hooks: hooks}
 		}
 	}
-	res := a.rollTo(rt, version, strategy, canary, st.event, okStatus)
-	if h := a.hookFor(app, "after", op, version, prev); h != nil && res.Status == okStatus {
-		hooks = append(hooks, a.runHook(rt, app, h, st))
+	res := a.rollTo(rt, r, emit)
+	if h := a.hookFor(app, "after", op, version, prev); h != nil && res.Status == r.okStatus {
+		hooks = append(hooks, a.runHook(rt, app, h, emit))
 	}
 	res.Hooks = hooks
 	return res

@@ -2,10 +2,10 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +17,9 @@ import (
 	"github.com/cloudflare/tableflip"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/workers"
 )
 
 // fakeUpgrader stands for tableflip: no fork, and a record of what the
@@ -163,7 +165,7 @@ func TestShutdownStopsUpgraderAndRemovesSocket(t *testing.T) {
 	dir := t.TempDir()
 	path := writeConfig(t, dir, appTOML("web", `["/bin/sleep", "60"]`, "tcp://"+freeTCP(t), `ready = "delay:50ms"`))
 	upg := newFakeUpgrader(false)
-	if err := runAgent(t, path, upg, func(a *Agent) { a.requestShutdown() }); err != nil {
+	if err := runAgent(t, path, upg, func(a *Agent) { a.Shutdown() }); err != nil {
 		t.Fatalf("Run = %v, want nil after a shutdown", err)
 	}
 	if ready, stopped := upg.state(); !ready || !stopped {
@@ -174,13 +176,22 @@ func TestShutdownStopsUpgraderAndRemovesSocket(t *testing.T) {
 	}
 }
 
-// reload runs a reload of apps through the control handler and returns
-// the response body.
+// reload runs a reload of apps and returns what the control API would
+// answer: its events and result as JSON lines, or its refusal.
 func reload(a *Agent, apps ...string) string {
-	body := `{"apps":["` + strings.Join(apps, `","`) + `"]}`
-	w := httptest.NewRecorder()
-	a.handleReload(w, httptest.NewRequest("POST", "/reload", strings.NewReader(body)))
-	return w.Body.String()
+	var mu sync.Mutex
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	res, err := a.Reload(context.Background(), api.ReloadRequest{Apps: apps}, Caller{}, func(e workers.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = enc.Encode(api.Event{Time: e.Time, App: e.App, Type: api.EventType(e.Type), Message: e.Message})
+	})
+	if err != nil {
+		return err.Error()
+	}
+	_ = enc.Encode(api.StreamLine{Result: res})
+	return b.String()
 }
 
 // Each app's running config belongs to that app: a failed reload of A
@@ -197,7 +208,7 @@ func TestReloadsOwnTheirAppsConfig(t *testing.T) {
 	defer busy.Close()
 	upg := newFakeUpgrader(false)
 	err = runAgent(t, path, upg, func(a *Agent) {
-		defer a.requestShutdown()
+		defer a.Shutdown()
 		// A moves to a busy address (its reload fails, nothing changes);
 		// B gets a new env.
 		writeConfig(t, dir, appTOML("a", sleep, "tcp://"+busy.Addr().String(), ready)+

@@ -3,14 +3,11 @@ package agent
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,8 +22,6 @@ const (
 	// logsFlushTimeout bounds how long a log call waits for the sinks to
 	// write what they hold, so that lines printed just before show up.
 	logsFlushTimeout = 5 * time.Second
-	// logStreamFlush is how often a following answer is flushed to the client.
-	logStreamFlush = 50 * time.Millisecond
 	// maxJoinSearch bounds the bytes tailFrom reads to find where the last
 	// lines it returned end in a file that grew meanwhile.
 	maxJoinSearch = 8 << 20
@@ -42,9 +37,9 @@ type logTarget struct {
 }
 
 // logTargets returns the sinks of app (every app when ""), sorted by app:
-// stdout's and stderr's, or only the one of stream ("out" or "err"). The
-// second result is the message for an unknown app.
-func (a *Agent) logTargets(app, stream string) ([]logTarget, string) {
+// stdout's and stderr's, or only the one of stream ("out" or "err"), or
+// the refusal of an unknown app.
+func (a *Agent) logTargets(app, stream string) ([]logTarget, error) {
 	var out []logTarget
 	for _, rt := range a.appList() {
 		name := rt.name
@@ -59,9 +54,9 @@ func (a *Agent) logTargets(app, stream string) ([]logTarget, string) {
 		}
 	}
 	if app != "" && out == nil {
-		return nil, a.noSuchApp(app)
+		return nil, failWith(api.KindNotFound, "%s", a.noSuchApp(app))
 	}
-	return out, ""
+	return out, nil
 }
 
 // droppedLogLines is how many lines of rt's workers the agent could not log.
@@ -87,63 +82,56 @@ func flushSinks(ctx context.Context, ts []logTarget) {
 	}
 }
 
-// handleLogs answers GET /v1/logs?app=&n=&err=&follow= with api.LogLines:
-// the last n lines of each log, then, with follow, every new line until the
-// client goes away or the control server shuts down.
-func (a *Agent) handleLogs(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	n, err := queryInt(q.Get("n"), 20)
-	if err != nil || n < 0 || n > api.MaxLogLines {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("bad request: n=%q: want 0 to %d lines", q.Get("n"), api.MaxLogLines))
-		return
-	}
-	errLog, err1 := queryBool(q.Get("err"))
-	follow, err2 := queryBool(q.Get("follow"))
-	if err := errors.Join(err1, err2); err != nil {
-		writeError(w, http.StatusBadRequest, "bad request: "+err.Error())
-		return
-	}
+// LogOut receives the lines of a logs call (the control API streams them):
+// Send is safe for concurrent use; Flush asks to pass on what was sent.
+type LogOut interface {
+	Send(api.LogLine)
+	Flush()
+}
+
+// Logs sends the last req.Lines lines of each log req asks for (or, for an
+// app in req.Resume, what followed where a follow stopped), then, with
+// req.Follow, every new line until ctx is done (the client went away) or
+// stop is (the agent stops or hands over): then it sends where each log
+// stopped, for the client to resume with the next agent. An error (an
+// unknown app) comes before any line.
+func (a *Agent) Logs(ctx, stop context.Context, req api.LogsRequest, out LogOut) error {
 	stream := "out"
-	if errLog {
+	if req.Err {
 		stream = "err"
 	}
-	resume, err := parseResume(q["resume"])
+	targets, err := a.logTargets(req.App, stream)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad request: "+err.Error())
-		return
+		return err
 	}
-	targets, unknown := a.logTargets(q.Get("app"), stream)
-	if unknown != "" {
-		writeError(w, http.StatusNotFound, unknown)
-		return
+	resume := map[string]api.LogPos{}
+	for _, p := range req.Resume {
+		resume[p.App] = p
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if follow {
+	if req.Follow {
 		// A stopping agent (SIGTERM, `deployd shutdown`, a handoff) ends
 		// the follow, which would otherwise hold the stop up to its bound.
-		stop := context.AfterFunc(a.controlStopping(), cancel)
-		defer stop()
+		defer context.AfterFunc(stop, cancel)()
 	}
-	flushSinks(ctx, targets)
-
-	ls := newLogStream(w)
-	defer ls.close()
-	froms := firstLines(ls, targets, n, resume)
-	if !follow {
-		ls.send(api.LogLine{Done: true})
-		return
+	flushSinks(fctx, targets)
+	froms := firstLines(out, targets, req.Lines, resume)
+	if !req.Follow {
+		out.Send(api.LogLine{Done: true})
+		return nil
 	}
-	ls.flush()
-	ends := followAll(ctx, ls, targets, froms)
-	if r.Context().Err() == nil {
-		sendResume(ls, targets, ends) // the agent ended it: stops, or hands over
+	out.Flush()
+	ends := followAll(fctx, out, targets, froms)
+	if ctx.Err() == nil {
+		sendResume(out, targets, ends) // the agent ended it: stops, or hands over
 	}
+	return nil
 }
 
 // firstLines sends the last n lines of each target's log, or nothing for a
 // target resumed, and returns the offsets to follow from (-1: unreadable).
-func firstLines(ls *logStream, targets []logTarget, n int, resume map[string]api.LogPos) []int64 {
+func firstLines(ls LogOut, targets []logTarget, n int, resume map[string]api.LogPos) []int64 {
 	froms := make([]int64, len(targets))
 	for i, t := range targets {
 		if p, ok := resume[t.app]; ok {
@@ -152,12 +140,12 @@ func firstLines(ls *logStream, targets []logTarget, n int, resume map[string]api
 		}
 		lines, from, err := tailFrom(t.path, n)
 		if err != nil {
-			ls.send(api.LogLine{App: t.app, Error: err.Error()})
+			ls.Send(api.LogLine{App: t.app, Error: err.Error()})
 			froms[i] = -1
 			continue
 		}
 		for _, l := range lines {
-			ls.send(api.LogLine{App: t.app, Line: l})
+			ls.Send(api.LogLine{App: t.app, Line: l})
 		}
 		froms[i] = from
 	}
@@ -167,7 +155,7 @@ func firstLines(ls *logStream, targets []logTarget, n int, resume map[string]api
 // followAll streams the lines appended to each target's log from froms[i]
 // (skipping negative ones) until ctx is done, and returns where each
 // stopped (nil for one skipped or failed).
-func followAll(ctx context.Context, ls *logStream, targets []logTarget, froms []int64) []*logs.Position {
+func followAll(ctx context.Context, ls LogOut, targets []logTarget, froms []int64) []*logs.Position {
 	ends := make([]*logs.Position, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
@@ -178,10 +166,10 @@ func followAll(ctx context.Context, ls *logStream, targets []logTarget, froms []
 		go func() {
 			defer wg.Done()
 			end, err := logs.FollowFrom(ctx, t.path, froms[i], func(line string) {
-				ls.send(api.LogLine{App: t.app, Line: line})
+				ls.Send(api.LogLine{App: t.app, Line: line})
 			})
 			if err != nil {
-				ls.send(api.LogLine{App: t.app, Error: err.Error()})
+				ls.Send(api.LogLine{App: t.app, Error: err.Error()})
 				return
 			}
 			ends[i] = &end
@@ -295,89 +283,23 @@ func joinOffset(path string, tail []string, lo, hi int64) (off int64, partial bo
 	return lo, false
 }
 
-// logStream writes api.LogLines to an HTTP answer, flushing it every
-// logStreamFlush rather than after each line. Safe for concurrent use; close
-// stops its flusher goroutine and waits for it.
-type logStream struct {
-	mu    sync.Mutex
-	w     http.ResponseWriter
-	rc    *http.ResponseController
-	enc   *json.Encoder
-	dirty bool
-	err   error // the first write error: the client went away
-
-	stop chan struct{}
-	done chan struct{}
+// RotateLogFiles rotates the log files of app (every app's when "") now.
+func (a *Agent) RotateLogFiles(app string) (*api.LogFilesResult, error) {
+	return a.logFiles(app, "rotated", (*logs.Sink).Rotate)
 }
 
-func newLogStream(w http.ResponseWriter) *logStream {
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	s := &logStream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w),
-		stop: make(chan struct{}), done: make(chan struct{})}
-	go s.flusher()
-	return s
+// EmptyLogFiles empties the log files of app (every app's when "").
+func (a *Agent) EmptyLogFiles(app string) (*api.LogFilesResult, error) {
+	return a.logFiles(app, "emptied", (*logs.Sink).Truncate)
 }
 
-func (s *logStream) send(l api.LogLine) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err == nil {
-		s.err = s.enc.Encode(l)
-		s.dirty = true
+// logFiles applies op to the log files of app.
+func (a *Agent) logFiles(app, verb string, op func(*logs.Sink) error) (*api.LogFilesResult, error) {
+	targets, err := a.logTargets(app, "")
+	if err != nil {
+		return nil, err
 	}
-}
-
-func (s *logStream) flush() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.dirty && s.err == nil {
-		s.err = s.rc.Flush()
-		s.dirty = false
-	}
-}
-
-func (s *logStream) flusher() {
-	defer close(s.done)
-	t := time.NewTicker(logStreamFlush)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			s.flush()
-		}
-	}
-}
-
-func (s *logStream) close() {
-	close(s.stop)
-	<-s.done
-}
-
-// handleLogsRotate rotates the log files now (POST /v1/logs/rotate).
-func (a *Agent) handleLogsRotate(w http.ResponseWriter, r *http.Request) {
-	a.logFiles(w, r, "rotated", (*logs.Sink).Rotate)
-}
-
-// handleLogsFlush empties the log files (POST /v1/logs/flush).
-func (a *Agent) handleLogsFlush(w http.ResponseWriter, r *http.Request) {
-	a.logFiles(w, r, "emptied", (*logs.Sink).Truncate)
-}
-
-// logFiles applies op to the log files the request names.
-func (a *Agent) logFiles(w http.ResponseWriter, r *http.Request, verb string, op func(*logs.Sink) error) {
-	var req api.LogFilesRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	targets, unknown := a.logTargets(req.App, "")
-	if unknown != "" {
-		writeError(w, http.StatusNotFound, unknown)
-		return
-	}
-	res := api.LogFilesResult{Files: []string{}}
+	res := &api.LogFilesResult{Files: []string{}}
 	for _, t := range targets {
 		err := op(t.sink)
 		switch {
@@ -390,26 +312,8 @@ func (a *Agent) logFiles(w http.ResponseWriter, r *http.Request, verb string, op
 			res.Files = append(res.Files, t.path)
 		}
 	}
-	a.log.Info("log files "+verb, "app", req.App, "files", len(res.Files), "errors", len(res.Errors))
-	writeJSON(w, http.StatusOK, res)
-}
-
-func queryInt(s string, def int) (int, error) {
-	if s == "" {
-		return def, nil
-	}
-	return strconv.Atoi(s)
-}
-
-func queryBool(s string) (bool, error) {
-	if s == "" {
-		return false, nil
-	}
-	b, err := strconv.ParseBool(s)
-	if err != nil {
-		return false, fmt.Errorf("%q is not a boolean (use 1 or 0)", s)
-	}
-	return b, nil
+	a.log.Info("log files "+verb, "app", app, "files", len(res.Files), "errors", len(res.Errors))
+	return res, nil
 }
 
 // logOptions are the settings of app's log files.
@@ -427,13 +331,13 @@ func (a *Agent) applyLogSettings(rt *appRT, old, app *config.App, emit func(work
 	}
 	for _, s := range []*logs.Sink{rt.out, rt.err} {
 		if err := s.Reconfigure(logOptions(app)); err != nil {
-			a.log.Error("apply the new log settings; the previous ones stay", "app", app.Name, "error", err)
+			rt.log.Error("apply the new log settings; the previous ones stay", "error", err)
 			emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice),
 				Message: "the new [logs] settings could not be applied: " + err.Error()})
 			return
 		}
 	}
-	a.log.Info("log settings applied", "app", app.Name, "format", app.Logs.Format, "max_size", app.Logs.MaxSize,
+	rt.log.Info("log settings applied", "format", app.Logs.Format, "max_size", app.Logs.MaxSize,
 		"max_files", app.Logs.MaxFiles, "max_age", app.Logs.MaxAge, "compress", app.Logs.Compress)
 	emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice), Message: "new [logs] settings applied"})
 }

@@ -19,25 +19,12 @@ import (
 // (resume=...), so that `deployd logs -f` crosses an agent upgrade with no
 // line lost or printed twice.
 
-// parseResume reads the resume= parameters, by app.
-func parseResume(vs []string) (map[string]api.LogPos, error) {
-	out := map[string]api.LogPos{}
-	for _, v := range vs {
-		p, err := api.ParseLogPos(v)
-		if err != nil {
-			return nil, err
-		}
-		out[p.App] = p
-	}
-	return out, nil
-}
-
 // sendResume says where each log of a follow the agent ends stopped, for
 // the client to go on with the next agent.
-func sendResume(ls *logStream, targets []logTarget, ends []*logs.Position) {
+func sendResume(ls LogOut, targets []logTarget, ends []*logs.Position) {
 	for i, t := range targets {
 		if e := ends[i]; e != nil {
-			ls.send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
+			ls.Send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
 		}
 	}
 }
@@ -45,7 +32,7 @@ func sendResume(ls *logStream, targets []logTarget, ends []*logs.Position) {
 // resumeFrom returns the offset in t's current log file to follow from to
 // go on at p. If the log was rotated since, it first sends the rest of the
 // rotated file (found by its inode; a compressed one is gone: it says so).
-func resumeFrom(ls *logStream, t logTarget, p api.LogPos) int64 {
+func resumeFrom(ls LogOut, t logTarget, p api.LogPos) int64 {
 	st, err := os.Stat(t.path)
 	switch {
 	case err != nil || p.Ino == 0:
@@ -61,7 +48,7 @@ func resumeFrom(ls *logStream, t logTarget, p api.LogPos) int64 {
 			return 0
 		}
 	}
-	ls.send(api.LogLine{App: t.app, Error: "the log was rotated and compressed while the follow moved to a new agent: " +
+	ls.Send(api.LogLine{App: t.app, Error: "the log was rotated and compressed while the follow moved to a new agent: " +
 		"lines written just before the rotation may be missing here (they are in the rotated file)"})
 	return 0
 }
@@ -84,7 +71,7 @@ func rotatedFile(path string, p api.LogPos) string {
 }
 
 // sendFrom sends every line of the file at path from offset on.
-func sendFrom(ls *logStream, app, path string, offset int64) error {
+func sendFrom(ls LogOut, app, path string, offset int64) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -96,7 +83,7 @@ func sendFrom(ls *logStream, app, path string, offset int64) error {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), logs.DefaultMaxLine+1)
 	for sc.Scan() {
-		ls.send(api.LogLine{App: app, Line: sc.Text()})
+		ls.Send(api.LogLine{App: app, Line: sc.Text()})
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("logs: rotated file %s: %w", path, err)

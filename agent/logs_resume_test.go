@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"bufio"
-	"encoding/json"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -23,23 +21,26 @@ func posOf(t *testing.T, path string, off int64) api.LogPos {
 	return api.LogPos{App: "web", Dev: uint64(st.Dev), Ino: st.Ino, Offset: off}
 }
 
+// lineList is a LogOut that keeps the lines sent.
+type lineList struct {
+	mu    sync.Mutex
+	lines []api.LogLine
+}
+
+func (l *lineList) Send(line api.LogLine) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, line)
+}
+
+func (l *lineList) Flush() {}
+
 // resumeLines runs resumeFrom and returns the offset and the lines it sent.
 func resumeLines(t *testing.T, path string, p api.LogPos) (int64, []api.LogLine) {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	ls := newLogStream(rec)
-	from := resumeFrom(ls, logTarget{app: "web", path: path}, p)
-	ls.close()
-	var out []api.LogLine
-	sc := bufio.NewScanner(rec.Body)
-	for sc.Scan() {
-		var l api.LogLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, l)
-	}
-	return from, out
+	var ls lineList
+	from := resumeFrom(&ls, logTarget{app: "web", path: path}, p)
+	return from, ls.lines
 }
 
 func TestResumeFromGoesOnWhereTheFollowStopped(t *testing.T) {

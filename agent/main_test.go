@@ -4,8 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/deployd/deployd/agent/internal/leakcheck"
 	"github.com/deployd/deployd/handoff"
 )
 
@@ -15,25 +14,5 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == handoff.ShimArg { // a worker's shim
 		os.Exit(handoff.RunShim(os.Args[2:]))
 	}
-	before := countFDs()
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			println("goroutine leak:", err.Error())
-			code = 1
-		}
-		if after := countFDs(); after > before {
-			println("file descriptor leak:", before, "before the tests,", after, "after")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func countFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 0
-	}
-	return len(ents)
+	os.Exit(leakcheck.Run(m))
 }

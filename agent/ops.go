@@ -1,40 +1,114 @@
 package agent
 
 import (
+	"context"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/workers"
 )
 
-// opApp returns the app named in an operation and holds its busy lock, or
-// answers the error itself. The caller must unlock rt.busy.
-func (a *Agent) opApp(w http.ResponseWriter, name string) *appRT {
-	a.mu.Lock()
-	rt := a.apps[name]
-	a.mu.Unlock()
-	if rt == nil {
-		writeError(w, http.StatusNotFound, a.noSuchApp(name))
-		return nil
+// The operations on one running app: scale, stop, start, restart. Each is
+// admitted (admit: found, no canary held, not busy) and returns either a
+// refusal before anything changed or a result that says how it ended.
+
+// Scale sets how many workers the app runs (req.Instances: "N", "+N",
+// "-N", or api.ScaleReset for the config's count).
+func (a *Agent) Scale(_ context.Context, req api.ScaleRequest, emit func(workers.Event)) (*api.Result, error) {
+	rt, done, _, err := a.admit(req.App, rule{})
+	if err != nil {
+		return nil, err
 	}
-	if refuseHold(w, rt) {
-		return nil
+	defer done()
+	reset := req.Instances == api.ScaleReset
+	spec := rt.sup.Spec()
+	n, err := parseScale(req.Instances, spec.Instances-spec.Spares) // spares come on top
+	if reset {
+		n, err = rt.config().Instances, nil
 	}
-	if !rt.busy.TryLock() {
-		writeError(w, http.StatusConflict, busyMessage(name))
-		return nil
+	if err != nil {
+		return nil, failWith(api.KindUsage, "%w", err)
 	}
-	return rt
+	if rt.config().Releases && a.state.get(rt.name).Current == "" {
+		return nil, failWith(api.KindRefused, "%s has no release yet; deploy one first", rt.name)
+	}
+	t := time.Now()
+	err = rt.sup.Scale(n, emit)
+	if err == nil {
+		err = a.state.update(rt.name, func(s *AppState) {
+			s.Instances, s.Stopped = n, false
+			if reset {
+				s.Instances = 0 // the config's count, also after it changes
+			}
+		})
+	}
+	if err == nil {
+		rt.log.Info("app scaled", "instances", n)
+	}
+	return opResult(rt, t, err), nil
 }
 
-// finishOp streams the result of an operation on rt.
-func finishOp(st *stream, rt *appRT, t time.Time, err error) {
+// Stop stops the app's workers until Start; the state file remembers it.
+func (a *Agent) Stop(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
+	return a.runOp(app, func(rt *appRT) error {
+		err := rt.sup.Pause()
+		if err == nil {
+			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
+		}
+		if err == nil {
+			rt.log.Info("app stopped")
+		}
+		return err
+	})
+}
+
+// Start starts the workers of a stopped app on its running config.
+func (a *Agent) Start(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
+	return a.runOp(app, func(rt *appRT) error {
+		spec, err := a.specFor(rt.config(), rt.bound(), a.state.get(rt.name).Current)
+		if err == nil {
+			err = rt.sup.Restart(spec)
+		}
+		if err == nil {
+			rt.settled() // every worker runs the running config's listeners
+		}
+		if err == nil {
+			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
+		}
+		return err
+	})
+}
+
+// Restart replaces every worker of the app with a new one of the same spec.
+func (a *Agent) Restart(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
+	return a.runOp(app, func(rt *appRT) error {
+		err := rt.sup.Restart(nil)
+		if err == nil {
+			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
+		}
+		return err
+	})
+}
+
+// runOp admits an operation on app, runs op and returns its result.
+func (a *Agent) runOp(app string, op func(rt *appRT) error) (*api.Result, error) {
+	rt, done, _, err := a.admit(app, rule{})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	t := time.Now()
+	return opResult(rt, t, op(rt)), nil
+}
+
+// opResult is the result of an operation on rt that began at t.
+func opResult(rt *appRT, t time.Time, err error) *api.Result {
 	res := appResult(rt.name, err)
 	res.Release, res.DurationSeconds = rt.sup.Spec().Release, time.Since(t).Seconds()
-	st.send(api.StreamLine{Result: &api.Result{OK: err == nil, Apps: []api.AppResult{res}}})
+	return &api.Result{OK: err == nil, Apps: []api.AppResult{res}}
 }
 
 // parseScale resolves "N", "+N" or "-N" against the current count.
@@ -55,91 +129,4 @@ func parseScale(s string, current int) (int, error) {
 		return 0, fmt.Errorf("instances %q: at most 1024 workers", s)
 	}
 	return n, nil
-}
-
-func (a *Agent) handleScale(w http.ResponseWriter, r *http.Request) {
-	var req api.ScaleRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	rt := a.opApp(w, req.App)
-	if rt == nil {
-		return
-	}
-	defer rt.busy.Unlock()
-	reset := req.Instances == api.ScaleReset
-	spec := rt.sup.Spec()
-	n, err := parseScale(req.Instances, spec.Instances-spec.Spares) // spares come on top
-	if reset {
-		n, err = rt.config().Instances, nil
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	if rt.config().Releases && a.state.get(rt.name).Current == "" {
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s has no release yet; deploy one first", rt.name))
-		return
-	}
-	st := newStream(w)
-	t := time.Now()
-	err = rt.sup.Scale(n, st.event)
-	if err == nil {
-		err = a.state.update(rt.name, func(s *AppState) {
-			s.Instances, s.Stopped = n, false
-			if reset {
-				s.Instances = 0 // the config's count, also after it changes
-			}
-		})
-	}
-	if err == nil {
-		a.log.Info("app scaled", "app", rt.name, "instances", n)
-	}
-	finishOp(st, rt, t, err)
-}
-
-// runAppOp decodes an AppRequest, holds the app's busy lock, runs op with
-// the progress stream, and streams the result.
-func (a *Agent) runAppOp(w http.ResponseWriter, r *http.Request, op func(rt *appRT, st *stream) error) {
-	var req api.AppRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	rt := a.opApp(w, req.App)
-	if rt == nil {
-		return
-	}
-	defer rt.busy.Unlock()
-	st := newStream(w)
-	t := time.Now()
-	finishOp(st, rt, t, op(rt, st))
-}
-
-func (a *Agent) handleStopApp(w http.ResponseWriter, r *http.Request) {
-	a.runAppOp(w, r, func(rt *appRT, _ *stream) error {
-		err := rt.sup.Pause()
-		if err == nil {
-			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
-		}
-		if err == nil {
-			a.log.Info("app stopped", "app", rt.name)
-		}
-		return err
-	})
-}
-
-func (a *Agent) handleStartApp(w http.ResponseWriter, r *http.Request) {
-	a.runAppOp(w, r, func(rt *appRT, _ *stream) error {
-		spec, err := a.specFor(rt.config(), rt.bound(), a.state.get(rt.name).Current)
-		if err == nil {
-			err = rt.sup.Restart(spec)
-		}
-		if err == nil {
-			rt.settled() // every worker runs the running config's listeners
-		}
-		if err == nil {
-			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
-		}
-		return err
-	})
 }

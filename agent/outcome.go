@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/deployd/deployd/agent/api"
@@ -12,14 +11,20 @@ import (
 	"github.com/deployd/deployd/workers"
 )
 
-// reqError is an error whose outcome the handler knows (bad input, unknown
-// app, a refusal).
+// reqError is an error whose outcome the operation knows (bad input,
+// unknown app, a refusal); msg, when set, is how the user reads it.
 type reqError struct {
 	kind api.Kind
 	err  error
+	msg  string
 }
 
-func (e *reqError) Error() string { return e.err.Error() }
+func (e *reqError) Error() string {
+	if e.msg != "" {
+		return e.msg
+	}
+	return e.err.Error()
+}
 func (e *reqError) Unwrap() error { return e.err }
 
 // failWith returns an error of kind k.
@@ -27,12 +32,25 @@ func failWith(k api.Kind, format string, args ...any) error {
 	return &reqError{kind: k, err: fmt.Errorf(format, args...)}
 }
 
-// kindOf is the one mapping of the agent's errors to outcomes; api.Kind
+// prefixed is err (of the same kind) with what was asked said first:
+// "deploy refused, nothing changed: ".
+func prefixed(prefix string, err error) error {
+	return &reqError{kind: kindOf(err), err: err, msg: prefix + err.Error()}
+}
+
+// refused is the refusal of an operation on app that is busy or holds a
+// canary (err), worded for the user (refusal).
+func refused(app string, err error) error {
+	return &reqError{kind: api.KindBusy, err: err, msg: refusal(app, err)}
+}
+
+// KindOf is the one mapping of the agent's errors to outcomes; api.Kind
 // gives each its HTTP status, exit code and per-app outcome.
+func KindOf(err error) api.Kind { return kindOf(err) }
+
 func kindOf(err error) api.Kind {
 	var re *reqError
 	var ab *workers.AbandonedError
-	var mbe *http.MaxBytesError
 	switch {
 	case err == nil:
 		return api.KindDone
@@ -48,21 +66,13 @@ func kindOf(err error) api.Kind {
 		return api.KindAbandoned
 	case errors.Is(err, release.ErrBadArtifact), errors.Is(err, selfupdate.ErrBadBinary):
 		return api.KindRefused
-	case errors.As(err, &mbe):
-		return api.KindTooLarge
 	}
 	return api.KindFailed
 }
 
-// writeErr answers err with its status and kind; prefix says what was
-// asked ("deploy refused, nothing changed: ").
-func writeErr(w http.ResponseWriter, prefix string, err error) {
-	k := kindOf(err)
-	writeJSON(w, k.HTTPStatus(), api.Error{Error: prefix + err.Error(), Kind: k, Reason: reasonOf(err)})
-}
-
-// reasonOf names what was wrong with a refused artifact or binary.
-func reasonOf(err error) string {
+// ReasonOf names what was wrong with a refused artifact or binary ("" for
+// another error): api.Error.Reason.
+func ReasonOf(err error) string {
 	var ar *release.RefusedError
 	var br *selfupdate.RefusedError
 	switch {
@@ -72,11 +82,6 @@ func reasonOf(err error) string {
 		return string(br.Problem)
 	}
 	return ""
-}
-
-// writeError answers msg with status code.
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, api.Error{Error: msg, Kind: api.KindOfStatus(code)})
 }
 
 // appResult is the streamed outcome of an operation on app.
@@ -102,23 +107,6 @@ func appResult(app string, err error) api.AppResult {
 	return res
 }
 
-// succeeded reports whether an app's outcome is what its operation asked
-// for: done, a canary held, a canary promoted or aborted (a promote or an
-// abort that ended a hold). The operation log words it.
-func succeeded(outcome string) bool {
-	switch outcome {
-	case api.OutcomeDone, api.OutcomeHeld, api.OutcomePromoted, api.OutcomeAborted:
-		return true
-	}
-	return false
-}
-
 func busyMessage(app string) string {
 	return fmt.Sprintf("%s: another reload, restart or deploy of this app is running; wait for it to finish, then try again", app)
-}
-
-// apiEvent is the wire form of a workers event.
-func apiEvent(e workers.Event) api.Event {
-	return api.Event{Time: e.Time, App: e.App, Type: api.EventType(e.Type), Slot: e.Slot, PID: e.PID,
-		Release: e.Release, Millis: e.Millis, Message: e.Message}
 }

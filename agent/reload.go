@@ -1,10 +1,9 @@
 package agent
 
 import (
+	"context"
 	"fmt"
-	"net/http"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -16,102 +15,166 @@ import (
 	"github.com/deployd/deployd/workers"
 )
 
-func (a *Agent) handleReload(w http.ResponseWriter, r *http.Request) {
-	var req api.ReloadRequest
-	if !decode(w, r, &req) {
-		return
-	}
+// Reload re-reads the config and moves the apps req names (every app when
+// none) to it: a running app gets a reload (or with req.Canary a canary of
+// that many workers), a new one is built and started, and one no longer in
+// the config is stopped and removed. A config change goes one way: the
+// config is loaded and checked (an invalid one changes nothing), the new
+// apps are built, the app set swaps them in and takes out those that left,
+// then the apps move and those that left stop. An error is a refusal before
+// anything changed; otherwise the result says how each app ended. emit gets
+// the progress of every app (concurrently: it must be safe for that).
+func (a *Agent) Reload(_ context.Context, req api.ReloadRequest, by Caller, emit func(workers.Event)) (*api.Result, error) {
 	strategy, err := strategyOf(req.Strategy)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
+		return nil, failWith(api.KindUsage, "%w", err)
 	}
 	if req.Canary < 0 {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("canary %d: give the number of workers to hold on the new config, 1 or more", req.Canary))
-		return
+		return nil, failWith(api.KindUsage, "canary %d: give the number of workers to hold on the new config, 1 or more", req.Canary)
 	}
 	cfg, err := config.Load(a.path)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "the config is invalid; nothing was changed:\n"+err.Error())
-		return
+		return nil, failWith(api.KindUsage, "the config is invalid; nothing was changed:\n%w", err)
 	}
-	// [agent] settings (socket, state_dir, log_dir, ...) are read at agent
-	// start; a reload applies the apps only.
-	agentChanged := cfg.Agent != a.settings
-	names := slices.Compact(slices.Sorted(slices.Values(req.Apps)))
-	all := len(names) == 0
-	if all {
-		names = cfg.AppNames
+	p, err := a.planReload(cfg, req.Apps)
+	if err != nil {
+		return nil, err
 	}
-	var gone []string // named, running, no longer in the config: removed
-	for _, n := range names {
-		if _, ok := cfg.Apps[n]; !ok {
-			if !a.running(n) {
-				writeError(w, http.StatusNotFound, unknownApp(n, cfg))
-				return
-			}
-			gone = append(gone, n)
+	for _, n := range p.names {
+		if err := by.mayChange(cfg.Apps[n]); err != nil {
+			return nil, err
 		}
 	}
-	names = slices.DeleteFunc(names, func(n string) bool { return slices.Contains(gone, n) })
-	if ok, why := mayReload(peerOf(r.Context()), cfg, names); !ok {
-		writeError(w, http.StatusForbidden, why)
-		return
+	// After the privilege check: a discovery runs the app's code.
+	if err := a.discoverListens(cfg, p.names, true); err != nil {
+		return nil, failWith(api.KindRefused, "%w; nothing was changed", err)
 	}
-	st := newStream(w)
-	if agentChanged {
-		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
-		st.event(workers.Event{Time: time.Now(), App: "agent", Type: workers.EventKind(api.EventNotice),
-			Message: "[agent] settings changed; they take effect at the next agent start or `deployd upgrade`"})
+	a.configNotices(cfg, emit)
+	added, results := a.buildApps(cfg, p.names)
+	taken, removed := a.apps.swap(added, p.gone)
+	for _, rt := range taken { // a concurrent reload added it first
+		rt.discard()
+		results[rt.name] = appResult(rt.name, workers.ErrBusy)
 	}
-	for _, p := range cfg.Warnings {
-		st.event(workers.Event{Time: time.Now(), App: "config", Type: workers.EventKind(api.EventNotice), Message: p.String()})
-	}
-	results := a.reloadApps(cfg, names, strategy, req.Canary, st.event)
-	if all || len(gone) > 0 {
-		results = append(results, a.removeApps(cfg, gone, st.event)...)
-	}
-	res := &api.Result{OK: true, Apps: results}
-	for _, r := range results {
+	res := &api.Result{OK: true, Apps: a.moveApps(cfg, p.names, results, strategy, req.Canary, emit)}
+	res.Apps = append(res.Apps, a.stopRemoved(removed, emit)...)
+	for _, r := range res.Apps {
 		if r.Outcome != api.OutcomeDone && r.Outcome != api.OutcomeHeld {
 			res.OK = false
 		}
 	}
-	st.send(api.StreamLine{Result: res})
+	return res, nil
 }
 
-// reloadApps moves each named app to its config in cfg, apps in parallel.
-func (a *Agent) reloadApps(cfg *config.Config, names []string, strategy workers.Strategy, canary int, emit func(workers.Event)) []api.AppResult {
+// reloadPlan is what a reload does: the apps it moves to the config
+// (names: running or new) and those it removes (gone).
+type reloadPlan struct {
+	names, gone []string
+}
+
+// planReload resolves the apps a reload names (every app of cfg when none)
+// against cfg and the apps that run. Without names every running app no
+// longer in cfg goes; with names, those named that left cfg.
+func (a *Agent) planReload(cfg *config.Config, named []string) (reloadPlan, error) {
+	names := slices.Compact(slices.Sorted(slices.Values(named)))
+	all := len(names) == 0
+	if all {
+		names = cfg.AppNames
+	}
+	var p reloadPlan
+	for _, n := range names {
+		if _, ok := cfg.Apps[n]; ok {
+			p.names = append(p.names, n)
+			continue
+		}
+		if a.apps.get(n) == nil {
+			return p, failWith(api.KindNotFound, "%s", unknownApp(n, cfg))
+		}
+		p.gone = append(p.gone, n)
+	}
+	if all {
+		for _, rt := range a.apps.list() {
+			if _, ok := cfg.Apps[rt.name]; !ok {
+				p.gone = append(p.gone, rt.name)
+			}
+		}
+	}
+	return p, nil
+}
+
+// configNotices tells a reload what it does not apply, and the config's
+// warnings.
+func (a *Agent) configNotices(cfg *config.Config, emit func(workers.Event)) {
+	// [agent] settings (socket, state_dir, log_dir, ...) are read at agent
+	// start; a reload applies the apps only.
+	if cfg.Agent != a.settings {
+		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
+		emit(workers.Event{Time: time.Now(), App: "agent", Type: workers.EventKind(api.EventNotice),
+			Message: "[agent] settings changed; they take effect at the next agent start or `deployd upgrade`"})
+	}
+	for _, p := range cfg.Warnings {
+		emit(workers.Event{Time: time.Now(), App: "config", Type: workers.EventKind(api.EventNotice), Message: p.String()})
+	}
+}
+
+// buildApps builds the apps of names that the agent does not run yet
+// (newApp: listeners leased, logs open, nothing runs). An app that cannot
+// be built gets its result.
+func (a *Agent) buildApps(cfg *config.Config, names []string) ([]*appRT, map[string]api.AppResult) {
+	var added []*appRT
+	results := map[string]api.AppResult{}
+	for _, n := range names {
+		if a.apps.get(n) != nil {
+			continue
+		}
+		rt, err := a.newApp(cfg.Apps[n])
+		if err != nil {
+			results[n] = appResult(n, err)
+			continue
+		}
+		rt.unstarted.Store(true)
+		added = append(added, rt)
+	}
+	return added, results
+}
+
+// moveApps moves each app of names that has no result yet to its config in
+// cfg, apps in parallel: a new one starts, a running one reloads. The
+// results come in the order of names.
+func (a *Agent) moveApps(cfg *config.Config, names []string, done map[string]api.AppResult,
+	strategy workers.Strategy, canary int, emit func(workers.Event)) []api.AppResult {
 	results := make([]api.AppResult, len(names))
 	var wg sync.WaitGroup
 	for i, n := range names {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		if r, ok := done[n]; ok {
+			results[i] = r
+			continue
+		}
+		wg.Go(func() {
 			t := time.Now()
 			results[i] = a.reloadApp(cfg.Apps[n], strategy, canary, emit)
 			results[i].DurationSeconds = time.Since(t).Seconds()
-		}()
+		})
 	}
 	wg.Wait()
 	return results
 }
 
-// reloadApp moves app to its config in the file: a new app starts, a
-// running one gets a reload, or with canary > 0 a canary of that many
-// workers. Only an outcome of done (or a promoted canary) makes app the
-// running config.
+// reloadApp moves app to its config in the file: a new app (just swapped
+// in, never started) starts, a running one gets a reload, or with canary >
+// 0 a canary of that many workers. Only an outcome of done (or a promoted
+// canary) makes app the running config.
 func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int, emit func(workers.Event)) api.AppResult {
-	a.mu.Lock()
-	rt := a.apps[app.Name]
-	a.mu.Unlock()
-	if rt == nil { // a new app: start it
-		return a.addApp(app)
+	rt, done, _, err := a.admit(app.Name, rule{})
+	if err != nil {
+		return appResult(app.Name, err)
 	}
-	if !rt.busy.TryLock() {
-		return appResult(app.Name, workers.ErrBusy)
+	defer done()
+	if rt.begin() {
+		res := appResult(app.Name, rt.sup.Start())
+		res.Release = rt.sup.Spec().Release
+		return res
 	}
-	defer rt.busy.Unlock()
 	// The new spec's lease: listeners the running config shares stay open
 	// through the reload, and those it adds close again unless it keeps them.
 	lease, err := a.reg.Acquire(app.Name, wants(app))
@@ -125,7 +188,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	}
 	a.scaledNotice(app, emit)
 	if canary > 0 {
-		return a.reloadCanary(rt, app, lease, spec, strategy, canary, emit)
+		return reloadCanary(rt, target{app: app, spec: spec, lease: lease}, strategy, canary, emit)
 	}
 	// The new workers' lines are written with the new [logs] settings;
 	// a reload that does not go through puts the old ones back.
@@ -134,43 +197,15 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	err = rt.sup.Reload(spec, strategy, emit)
 	rt.settle(app, lease, err)
 	if err != nil {
-		a.applyLogSettings(rt, app, old, func(workers.Event) {})
+		a.applyLogSettings(rt, app, old, discard)
 	}
 	res := appResult(app.Name, err)
 	res.Release = spec.Release
 	return res
 }
 
-// addApp builds the supervisor of an app that is new in the config, outside
-// a.mu (newApp leases listeners and opens logs), then records it and starts
-// it; a concurrent reload that added it first wins and this one is busy.
-func (a *Agent) addApp(app *config.App) api.AppResult {
-	nrt, err := a.newApp(app)
-	if err != nil {
-		return appResult(app.Name, err)
-	}
-	a.mu.Lock()
-	_, taken := a.apps[app.Name]
-	if !taken {
-		a.apps[app.Name] = nrt
-	}
-	a.mu.Unlock()
-	if taken {
-		nrt.closeLogs()
-		nrt.release()
-		return appResult(app.Name, workers.ErrBusy)
-	}
-	res := appResult(app.Name, nrt.sup.Start())
-	res.Release = nrt.sup.Spec().Release
-	return res
-}
-
 // running reports whether the agent runs an app named name.
-func (a *Agent) running(name string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.apps[name] != nil
-}
+func (a *Agent) running(name string) bool { return a.apps.get(name) != nil }
 
 // scaledNotice tells a reload of app that `deployd scale` set its count,
 // which goes on overriding the config's instances.
@@ -182,37 +217,25 @@ func (a *Agent) scaledNotice(app *config.App, emit func(workers.Event)) {
 	emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice), Message: api.ScaledMessage(app.Name, n, app.Instances)})
 }
 
-// removeApps stops apps that are no longer in cfg: every such app when
-// only is empty, else those named in only. An app removed forgets its
-// scale and stop (its releases stay), so one added again under its name
-// starts from the config.
-func (a *Agent) removeApps(cfg *config.Config, only []string, emit func(workers.Event)) []api.AppResult {
-	a.mu.Lock()
-	var gone []*appRT
-	for n, rt := range a.apps {
-		if len(only) > 0 && !slices.Contains(only, n) {
-			continue
-		}
-		if _, ok := cfg.Apps[n]; !ok {
-			gone = append(gone, rt)
-			delete(a.apps, n)
-		}
-	}
-	a.mu.Unlock()
+// stopRemoved stops the apps a reload took out of the app set. An app
+// removed forgets its scale and stop (its releases stay), so one added
+// again under its name starts from the config.
+func (a *Agent) stopRemoved(gone []*appRT, emit func(workers.Event)) []api.AppResult {
 	var out []api.AppResult
 	for _, rt := range gone {
 		t := time.Now()
 		emit(workers.Event{Time: t, App: rt.name, Type: workers.EventKind(api.EventRemoved), Message: "no longer in the config; stopping"})
-		rt.sup.Stop()
-		rt.closeLogs()
-		rt.release()
+		rt.discard()
 		if err := a.state.forget(rt.name); err != nil {
-			a.log.Error("removed app: its scaled count or stop stays recorded", "app", rt.name, "error", err)
+			rt.log.Error("removed app: its scaled count or stop stays recorded", "error", err)
 		}
 		out = append(out, api.AppResult{App: rt.name, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()})
 	}
 	return out
 }
+
+// discard is an emit that nobody listens to.
+func discard(workers.Event) {}
 
 func unknownApp(name string, cfg *config.Config) string {
 	known := strings.Join(cfg.AppNames, ", ")
@@ -220,15 +243,6 @@ func unknownApp(name string, cfg *config.Config) string {
 		known = "none"
 	}
 	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, cfg.Path, known)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return slices.Clip(keys)
 }
 
 // selfRSS is the agent's resident memory in bytes.

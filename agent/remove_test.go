@@ -16,7 +16,7 @@ func TestNamedReloadRemovesOnlyThatApp(t *testing.T) {
 	sleep, ready := `["/bin/sleep", "60"]`, `ready = "delay:50ms"`
 	path := writeConfig(t, dir, appTOML("a", sleep, "tcp://"+aAddr, ready)+appTOML("b", sleep, "tcp://"+bAddr, ready))
 	err := runAgent(t, path, newFakeUpgrader(false), func(a *Agent) {
-		defer a.requestShutdown()
+		defer a.Shutdown()
 		if err := a.state.update("a", func(s *AppState) { s.Instances = 2 }); err != nil {
 			t.Fatal(err)
 		}

@@ -55,13 +55,23 @@ func (a *Agent) setup(cfg *config.Config) error {
 			}
 		}
 	}
+	var rts []*appRT
 	for _, name := range cfg.AppNames {
+		// An app whose listener cannot be learned starts without one: its
+		// workers say why, as with a listen list that lacks its port.
+		if err := a.discoverListens(cfg, []string{name}, false); err != nil {
+			a.log.Error("listen not discovered", "app", name, "error", err)
+		}
 		rt, err := a.newApp(cfg.Apps[name])
 		if err != nil {
+			for _, rt := range rts {
+				rt.discard()
+			}
 			return fmt.Errorf("app %s: %w", name, err)
 		}
-		a.apps[name] = rt
+		rts = append(rts, rt)
 	}
+	a.apps.swap(rts, nil)
 	return a.afterSetup() // unused systemd sockets, metrics server
 }
 
@@ -82,7 +92,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 				a.log.Warn("SIGHUP ignored: the agent is still starting its workers")
 				continue
 			case syscall.SIGUSR1:
-				a.rotateLogs()
+				a.rotateAll()
 				continue
 			}
 			a.log.Info("signal received during startup, stopping", "signal", sig)
@@ -116,7 +126,7 @@ func (a *Agent) startApps() error {
 	adopt := map[*appRT][]*workers.Handover{}
 	for _, rt := range a.appList() {
 		if a.state.get(rt.name).Stopped {
-			a.log.Info("app stopped by `deployd stop`; not starting it", "app", rt.name)
+			rt.log.Info("app stopped by `deployd stop`; not starting it")
 			rt.sup.Restore(pools[rt.name])
 			continue
 		}
@@ -137,18 +147,19 @@ func (a *Agent) startApps() error {
 		err := start()
 		switch {
 		case err != nil && unhealthy[rt.name]:
-			a.log.Warn("app taken over as it was: not healthy under the previous agent either", "app", rt.name,
+			rt.log.Warn("app taken over as it was: not healthy under the previous agent either",
 				"state", rt.sup.Status().State, "error", err)
 			return
 		case err != nil:
-			a.log.Error("app started with errors", "app", rt.name, "error", err)
+			rt.log.Error("app started with errors", "error", err)
+			err = fmt.Errorf("app %s: %w", rt.name, err)
 			mu.Lock()
 			defer mu.Unlock()
-			errs = append(errs, fmt.Errorf("app %s: %w", rt.name, err))
+			errs = append(errs, err)
 			return
 		}
 		st := rt.sup.Status()
-		a.log.Info("app ready", "app", rt.name, "workers", rt.sup.Spec().Instances, "state", st.State,
+		rt.log.Info("app ready", "workers", rt.sup.Spec().Instances, "state", st.State,
 			"restarts", st.Restarts, "in", time.Since(t).Round(time.Millisecond))
 	})
 	return errors.Join(errs...)

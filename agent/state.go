@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 
 	"github.com/deployd/deployd/internal/atomicfile"
@@ -24,6 +25,9 @@ type AppState struct {
 	// Instances overrides the config's count when > 0 (deployd scale).
 	Instances int  `json:"instances,omitempty"`
 	Stopped   bool `json:"stopped,omitempty"` // deployd stop
+	// Listen is where an app without a listen list listens, as its
+	// last discovery run found (a Node.js app's own listen(port)).
+	Listen string `json:"listen,omitempty"`
 }
 
 // stateFile is state_dir/state.json. Safe for concurrent use; every change
@@ -111,8 +115,13 @@ func (s *stateFile) forget(app string) error {
 // names returns the apps the file holds.
 func (s *stateFile) names() []string {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return sortedKeys(s.apps)
+	names := make([]string, 0, len(s.apps))
+	for n := range s.apps {
+		names = append(names, n)
+	}
+	s.mu.Unlock()
+	sort.Strings(names)
+	return names
 }
 
 func (s *stateFile) writeLocked() error {

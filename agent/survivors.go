@@ -113,8 +113,9 @@ func (a *Agent) recorder(stop <-chan struct{}) {
 // is pending.
 func (b *recordBook) names(ps map[string][]workers.Process) bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.starting) == 0 && reflect.DeepEqual(ps, b.written)
+	starting, written := len(b.starting), b.written // replaced whole, never changed in place
+	b.mu.Unlock()
+	return starting == 0 && reflect.DeepEqual(ps, written)
 }
 
 // processesChanged wakes the recorder; safe to call from any goroutine.

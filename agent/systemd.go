@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/deployd/deployd/handoff"
@@ -12,11 +15,6 @@ import (
 
 // statusEvery is how often the agent refreshes its STATUS= line for systemd.
 const statusEvery = 5 * time.Second
-
-// sysState is the agent's metrics plumbing, owned by Run.
-type sysState struct {
-	metrics *metricsServer
-}
 
 // activation takes the sockets systemd passed to the agent (LISTEN_FDS
 // for this pid) for the listener registry, and clears LISTEN_* from its
@@ -44,18 +42,41 @@ func (a *Agent) activation() []*handoff.Activated {
 }
 
 // afterSetup runs once every app's listeners are acquired: it reports
-// sockets from systemd no listen URL took and starts the metrics server.
+// sockets from systemd no listen URL took and opens the metrics listener.
 func (a *Agent) afterSetup() error {
 	for _, s := range a.reg.Unclaimed() {
 		a.log.Warn("socket activation: no listen URL matches this socket; it stays unused "+
 			"(a reload that adds a matching listen URL takes it, an agent handoff drops it)", "socket", s)
 	}
-	return a.startMetrics(a.settings.Metrics)
+	var err error
+	a.metrics, err = a.listenMetrics(a.settings.Metrics)
+	return err
 }
 
-// stopSys stops the metrics server. Safe to call twice.
-func (a *Agent) stopSys() {
-	a.sys.metrics.Stop()
+// listenMetrics opens (or inherits) the listener of the metrics endpoint
+// on addr; "" leaves metrics off. A busy address is an error (the agent
+// does not start). The listener crosses an agent handoff (tableflip), so
+// the new agent serves the same port without a gap.
+func (a *Agent) listenMetrics(addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := a.upg.Fds().Listener("tcp", addr) // from the previous agent
+	if err == nil && ln == nil {
+		ln, err = net.Listen("tcp", addr)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, &handoff.AddrInUseError{URL: "[agent] metrics " + addr, Holder: handoff.Holder("tcp", addr), Err: err}
+		}
+		if err == nil {
+			if err = a.upg.Fds().AddListener("tcp", addr, ln.(*net.TCPListener)); err != nil {
+				ln.Close()
+			}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metrics %s: %w", addr, err)
+	}
+	return ln, nil
 }
 
 // statusUpdates sends systemd a STATUS= line once the agent is ready and

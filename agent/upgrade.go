@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"time"
 
@@ -158,9 +157,8 @@ func (a *Agent) waitParent(ctx context.Context) error {
 // the current one) and the checks it must pass for this caller. A member
 // (not root, not the agent's uid) must pass the binary as a file and have it
 // signed for upgrade_public_key; paths are opened only for owners.
-func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File, selfupdate.Check, error) {
-	peer := peerOf(r.Context())
-	owner := peer != nil && peer.Role == RoleOwner
+func (a *Agent) upgradeInput(req api.UpgradeRequest, by Caller) (*os.File, selfupdate.Check, error) {
+	owner := by.Owner
 	check := selfupdate.Check{SHA256: req.SHA256, Signature: []byte(req.SignatureText),
 		PublicKey: a.settings.UpgradePublicKey, RequireSignature: !owner, ProbeTimeout: probeTimeout}
 	if !owner && (req.Binary != "" || req.Signature != "") {
@@ -184,7 +182,7 @@ func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File,
 	}
 	switch {
 	case req.Attached:
-		f, err := passedFile(r.Context())
+		f, err := by.file()
 		if err != nil {
 			return nil, check, failWith(api.KindUsage, "%w", err)
 		}
@@ -202,20 +200,19 @@ func (a *Agent) upgradeInput(r *http.Request, req api.UpgradeRequest) (*os.File,
 	return nil, check, nil
 }
 
-func (a *Agent) handleUpgrade(w http.ResponseWriter, r *http.Request) {
-	var req api.UpgradeRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	src, check, err := a.upgradeInput(r, req)
+// Upgrade hands every socket and worker to a new agent (upgrade): the
+// binary the caller passed (by.File), one at a path for an owner, or the
+// agent's own binary again. It returns once the new agent is ready (this
+// one then stops) or with the refusal or failure, worded for the user.
+func (a *Agent) Upgrade(ctx context.Context, req api.UpgradeRequest, by Caller) (*api.UpgradeResult, error) {
+	src, check, err := a.upgradeInput(req, by)
 	if src != nil {
 		defer src.Close()
 	}
 	if err == nil {
 		var res *api.UpgradeResult
-		if res, err = a.upgrade(r.Context(), src, check, req.RestartWorkers); err == nil {
-			writeJSON(w, http.StatusOK, res)
-			return
+		if res, err = a.upgrade(ctx, src, check, req.RestartWorkers); err == nil {
+			return res, nil
 		}
 	}
 	prefix := "upgrade refused, nothing changed: "
@@ -226,7 +223,7 @@ func (a *Agent) handleUpgrade(w http.ResponseWriter, r *http.Request) {
 		prefix = ""
 	}
 	a.log.Warn("upgrade refused or failed", "error", err)
-	writeErr(w, prefix, err)
+	return nil, prefixed(prefix, err)
 }
 
 // upgradeAsync runs a handoff on SIGHUP (systemctl reload).

@@ -16,6 +16,7 @@ import (
 	"github.com/deployd/deployd/agent"
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/agent/control"
 )
 
 var logFlags = []cli.Flag{
@@ -60,7 +61,7 @@ func agentCommand() *cli.Command {
 				return err
 			}
 			return runAgent(agent.Options{
-				ConfigPath: config.Find(c.String("config")), Socket: c.String("socket"), Logger: log,
+				ConfigPath: config.Find(c.String("config")), Socket: c.String("socket"), Logger: log, Edge: control.New,
 			})
 		},
 	}
@@ -116,7 +117,10 @@ func configCommand() *cli.Command {
 					for _, l := range a.Listen {
 						ls = append(ls, l.URL)
 					}
-					if len(ls) == 0 {
+					switch {
+					case a.DiscoversListen():
+						ls = []string{"discovered at start (where the app's own listen(port) asks; deployd binds it)"}
+					case len(ls) == 0:
 						ls = []string{"none"}
 					}
 					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
@@ -239,7 +243,7 @@ stop_timeout  = "10s"
 		hint = " --socket " + sock
 	}
 	cmd, note := demoCLI(self)
-	err = agent.Run(agent.Options{ConfigPath: cfgPath, Logger: log, Ready: func(a *agent.Agent) {
+	err = agent.Run(agent.Options{ConfigPath: cfgPath, Logger: log, Edge: control.New, Ready: func(a *agent.Agent) {
 		n := a.AppConfig("hello").Instances
 		fmt.Fprintf(c.App.Writer, `
 deployd demo is serving http://%[1]s/ with %[2]d workers (config: %[3]s).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/deployd/deployd/workers/nodejs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,6 +115,8 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 	}
 	if port != "" {
 		line("listen", tomlList([]string{"tcp://0.0.0.0:" + port}))
+	} else if nodejs.Enabled(nodejs.ModeAuto, pm2Command(app)) {
+		b.WriteString("# listen: none needed: deployd binds the port the app's own listen(port) asks for, and hands it to every worker\n")
 	} else {
 		b.WriteString("# listen     = [\"tcp://0.0.0.0:3000\"] # CHECK: the port your app listens on, if it serves (PM2 has no such key)\n")
 		notes = append(notes, name+`: listen: PM2 does not say which port the app listens on (no PORT in env): add listen = ["tcp://0.0.0.0:PORT"] if it serves`)

@@ -25,20 +25,22 @@ import (
 
 const startHelp = "Two forms:\n" +
 	"  deployd start APP      start an app stopped by `deployd stop`.\n" +
-	"  deployd start FILE [-i N|max] [--name NAME] --port PORT [--env ENV] [-- ARGS...]\n" +
+	"  deployd start FILE [-i N|max] [--name NAME] [--port PORT] [--env ENV] [-- ARGS...]\n" +
 	"                         as `pm2 start`: add an [apps.NAME] table for FILE to the config\n" +
 	"                         file, then start it. The rest of the file (comments, layout) is\n" +
 	"                         kept as written; the new table is added at its end.\n\n" +
 	"The PM2 form is taken when the argument is not an app of the config and is a file, or\n" +
 	"when -i, --name, --port or --interpreter is given. .js, .cjs and .mjs files run with node\n" +
-	"(its preload maps the app's listen(PORT) onto the agent's socket and drains on reloads);\n" +
+	"(its preload maps the app's listen(PORT) onto the agent's socket and drains on reloads;\n" +
+	"without --port, the agent binds the port the app's first listen(PORT) asks for);\n" +
 	"any other file must be executable, or name its interpreter with --interpreter.\n" +
 	"NAME defaults to FILE without its extension; -i defaults to 1 as in PM2, and -i max\n" +
 	"(or 0) is one worker per CPU, -i -1 all CPUs but one. --port PORT (or PORT in the\n" +
 	"environment) is the port the app listens on: the agent opens it, hands it to every\n" +
 	"worker, and sets PORT for the app. --env ENV selects the app's [apps.NAME.env_ENV]\n" +
 	"variables (environment = \"ENV\"); for node it starts with NODE_ENV = \"ENV\".\n\n" +
-	"Examples: deployd start app.js -i 2 --port 3000\n" +
+	"Examples: deployd start app.js -i 2\n" +
+	"          deployd start app.js -i 2 --port 3000\n" +
 	"          deployd start server.js -i max --name api --port 8080 --env production\n" +
 	"          deployd start ./bin/worker --port 9000 -- --verbose\n" +
 	"          deployd start web      # after deployd stop web"
@@ -59,7 +61,7 @@ func startCommand() *cli.Command {
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 1 {
-				return fail(ExitUsage, "usage: deployd start APP, or deployd start FILE [-i N] [--name NAME] --port PORT (see `deployd start --help`)")
+				return fail(ExitUsage, "usage: deployd start APP, or deployd start FILE [-i N] [--name NAME] [--port PORT] (see `deployd start --help`)")
 			}
 			if !pm2Form(c) {
 				return startStopped(c)
@@ -257,6 +259,8 @@ func startSpecOf(c *cli.Context, configPath string) (*startSpec, error) {
 		}
 	}
 	switch {
+	case n.port == 0 && n.node:
+		// No listen list: the agent binds what the app's listen(port) asks for.
 	case n.port == 0:
 		return nil, fail(ExitUsage, "which port does %s listen on? add --port N (or set PORT): the agent opens that port and hands it to every worker, "+
 			"which is how reloads lose no connection; an app that serves no port needs a config table written by hand", file)
@@ -302,8 +306,12 @@ func (n *startSpec) block() string {
 	fmt.Fprintf(&b, "command   = %s\n", tomlList(n.argv))
 	fmt.Fprintf(&b, "cwd       = %s\n", tomlString(n.cwd))
 	fmt.Fprintf(&b, "instances = %s\n", n.instances)
-	fmt.Fprintf(&b, "listen    = [\"tcp://0.0.0.0:%d\"]\n", n.port)
-	fmt.Fprintf(&b, "env       = { PORT = \"%d\" }\n", n.port)
+	if n.port > 0 {
+		fmt.Fprintf(&b, "listen    = [\"tcp://0.0.0.0:%d\"]\n", n.port)
+		fmt.Fprintf(&b, "env       = { PORT = \"%d\" }\n", n.port)
+	} else {
+		b.WriteString("# no listen: deployd binds the port the app's listen(port) asks for\n")
+	}
 	if n.env != "" {
 		fmt.Fprintf(&b, "environment = %s\n", tomlString(n.env))
 		fmt.Fprintf(&b, "\n[apps.%s.env_%s]\n", tomlKey(n.name), n.env)

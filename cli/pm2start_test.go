@@ -63,6 +63,8 @@ func TestStartFileWritesTheAppTable(t *testing.T) {
 		{[]string{"start", "server", "--port", "3004", "--", "-v", "--x"}, `command   = ["./server", "-v", "--x"]`},
 		{[]string{"start", "job.py", "--interpreter", "sh", "--port", "3005"}, `command   = ["sh", "job.py"]`},
 		{[]string{"start", "app.js", "--name", "prod", "--port", "3006", "--env", "production"}, "environment = \"production\"\n\n[apps.prod.env_production]\nNODE_ENV = \"production\"\n"},
+		// A node app without a port: the agent learns it from the app's listen.
+		{[]string{"start", "app.js", "--name", "found"}, "[apps.found]\ncommand   = [\"node\", \"app.js\"]\ncwd       = " + tomlString(dir) + "\ninstances = 1\n# no listen: deployd binds"},
 	} {
 		if code, msg := run(tc.args...); code != 0 || !strings.Contains(read(), tc.want) {
 			t.Errorf("%v: exit %d, config lacks %q\n%s\n%s", tc.args, code, tc.want, msg, read())
@@ -73,7 +75,7 @@ func TestStartFileWritesTheAppTable(t *testing.T) {
 		args []string
 		want string // in the message
 	}{
-		{[]string{"start", "app.js", "--name", "noport"}, "which port does app.js listen on? add --port N"},
+		{[]string{"start", "server", "--name", "noport"}, "which port does server listen on? add --port N"},
 		{[]string{"start", "job.py", "--port", "3007"}, "job.py is not executable and not a .js, .cjs or .mjs file"},
 		{[]string{"start", "app.js", "--name", "x", "-i", "many", "--port", "3008"}, `-i "many"`},
 		{[]string{"start", "app.js", "--name", "x", "--port", "3009", "--env", "pro duction"}, `--env "pro duction"`},
@@ -95,7 +97,7 @@ func TestStartFileWritesTheAppTable(t *testing.T) {
 		t.Errorf("start app (an app of the config): exit %d, want the agent asked (3)\n%s", code, msg)
 	}
 
-	for _, name := range []string{"app", "zero", "most", "server", "job", "prod", "envport"} {
+	for _, name := range []string{"app", "zero", "most", "server", "job", "prod", "found", "envport"} {
 		if code, msg := run("delete", name); code != 0 || !strings.Contains(msg, "removed [apps."+name+"]") {
 			t.Errorf("delete %s: exit %d\n%s", name, code, msg)
 		}

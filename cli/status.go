@@ -23,8 +23,11 @@ func statusCommand() *cli.Command {
 			"last exit and output. An app holding a canary (state \"canary\") shows which workers\n" +
 			"run which release, how long it has held and its canary_timeout; after the hold, how\n" +
 			"it ended. Old workers a reload replaced that still drain in the background (long-lived\n" +
-			"connections, bounded by stop_timeout) follow their app's workers as \"draining\".\n" +
-			"--json prints the same as one JSON object (\"canary\", \"last_canary\", \"draining\").",
+			"connections, bounded by stop_timeout) follow their app's workers as \"draining\", each\n" +
+			"with the TCP connections on the app's listeners it still holds (\"unknown\" where the\n" +
+			"agent may not read the worker's /proc/PID/fd: run it as root).\n" +
+			"--json prints the same as one JSON object (\"canary\", \"last_canary\", \"draining\";\n" +
+			"a draining worker's \"connections\", absent when unknown).",
 		Flags: clientFlags(jsonFlag,
 			&cli.DurationFlag{Name: "watch", Usage: "refresh every `INTERVAL` (e.g. 1s) until Ctrl-C"}),
 		Action: func(c *cli.Context) error {
@@ -123,6 +126,7 @@ func printStatus(out io.Writer, st *api.Status) {
 			}
 			printHealth(out, a.Name, w)
 		}
+		printDrainingConnections(out, a)
 		switch {
 		case a.LastExit == "":
 		case a.State == "errored":
@@ -134,6 +138,22 @@ func printStatus(out io.Writer, st *api.Status) {
 			fmt.Fprintf(out, "\n%s: last exit: %s\n  | %s\n", a.Name, a.LastExit, a.LastLines[len(a.LastLines)-1])
 		case crashing(a):
 			fmt.Fprintf(out, "\n%s: last exit: %s\n", a.Name, a.LastExit)
+		}
+	}
+}
+
+// printDrainingConnections says how many connections each draining
+// worker still holds: what keeps it from exiting before stop_timeout.
+func printDrainingConnections(out io.Writer, a api.App) {
+	for _, w := range a.Draining {
+		switch {
+		case w.Connections == nil:
+			fmt.Fprintf(out, "%s[%d] pid %d draining: open connections unknown (the agent may not read /proc/%d/fd; run it as root)\n",
+				a.Name, w.Slot, w.PID, w.PID)
+		case *w.Connections == 1:
+			fmt.Fprintf(out, "%s[%d] pid %d draining: 1 open connection\n", a.Name, w.Slot, w.PID)
+		default:
+			fmt.Fprintf(out, "%s[%d] pid %d draining: %d open connections\n", a.Name, w.Slot, w.PID, *w.Connections)
 		}
 	}
 }

@@ -55,11 +55,14 @@ func TestStatusShowsQueueWarning(t *testing.T) {
 }
 
 // Old workers draining in the background follow their app's workers, with
-// their pid and state.
+// their pid and state, and the connections each still holds ("unknown"
+// where the agent could not count them).
 func TestStatusShowsDrainingWorkers(t *testing.T) {
+	three := 3
 	st := &api.Status{Apps: []api.App{{Name: "web", State: "running", Release: "v2",
-		Workers:  []api.Worker{{Slot: 0, PID: 50, State: "ready", Release: "v2", Generation: 2}},
-		Draining: []api.Worker{{Slot: 0, PID: 40, State: "draining", Release: "v1", Generation: 1}}}}}
+		Workers: []api.Worker{{Slot: 0, PID: 50, State: "ready", Release: "v2", Generation: 2}},
+		Draining: []api.Worker{{Slot: 0, PID: 40, State: "draining", Release: "v1", Generation: 1, Connections: &three},
+			{Slot: 1, PID: 41, State: "draining", Release: "v1", Generation: 1}}}}}
 	var b bytes.Buffer
 	printStatus(&b, st)
 	lines := strings.Split(b.String(), "\n")
@@ -75,5 +78,11 @@ func TestStatusShowsDrainingWorkers(t *testing.T) {
 	}
 	if ready == 0 || draining <= ready {
 		t.Errorf("status does not show pid 40 draining after the ready worker:\n%s", b.String())
+	}
+	for _, want := range []string{"web[0] pid 40 draining: 3 open connections\n",
+		"web[1] pid 41 draining: open connections unknown (the agent may not read /proc/41/fd; run it as root)\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
 	}
 }

@@ -16,7 +16,9 @@ import (
 // each: a worker that writes more blocks until the next agent reads; it
 // never gets EPIPE) and its notify datagrams in its notify socket. The next
 // agent copies them out of the worker (Pidfd.GetFd, as it copies the
-// listeners) and reads on from where the dead agent stopped.
+// listeners) and reads on from where the dead agent stopped. The worker also
+// keeps its output journals (workers/logs.Journal), which hold what the dead
+// agent had taken out of the pipes but may not have written.
 
 // KeepFD is the fd number of a worker's first kept file: above the ones the
 // worker contract uses (listeners from 3, the Node.js preload's from 50).

@@ -53,14 +53,10 @@ func TestAgentKillsAdoptWorkersUnderLoad(t *testing.T) {
 		kills, keys(before), worst.Round(time.Millisecond), lost)
 }
 
-// maxLostPerKill bounds the tick lines of one worker an agent SIGKILL may
-// lose: those the killed agent had read from the pipe and not yet written
-// to the file (its sink's queue). What no agent read waits in the pipe for
-// the next one: never lost, never repeated.
-const maxLostPerKill = 25
-
-// checkTicksAcrossKills fails if a tick line of a worker in pids is
-// repeated, or if more than maxLostPerKill lines per kill are missing; it
+// checkTicksAcrossKills fails unless every tick line of each worker in pids
+// is in the log exactly once, across the kills: what the killed agent had
+// taken out of a pipe waits in the worker's journal, and the append it may
+// have been making is found in the file or made again (logs.Journal). It
 // returns how many are missing in all.
 func checkTicksAcrossKills(t *testing.T, counts map[int]map[int]int, pids map[int]bool, kills int) (lost int) {
 	t.Helper()
@@ -84,10 +80,10 @@ func checkTicksAcrossKills(t *testing.T, counts map[int]map[int]int, pids map[in
 		switch {
 		case top == 0:
 			t.Errorf("worker %d: no tick line in the log", pid)
-		case len(dup) > 0 || len(missing) > maxLostPerKill*kills:
-			t.Errorf("worker %d: of ticks 1..%d, missing %v, repeated %v", pid, top, missing, dup)
+		case len(dup) > 0 || len(missing) > 0:
+			t.Errorf("worker %d: of ticks 1..%d (across %d kills), missing %v, repeated %v", pid, top, kills, missing, dup)
 		default:
-			t.Logf("worker %d: ticks 1..%d, none repeated, missing %v", pid, top, missing)
+			t.Logf("worker %d: ticks 1..%d, each once", pid, top)
 		}
 	}
 	return lost
@@ -136,18 +132,7 @@ func TestRealSystemdAgentKillsAdoptWorkers(t *testing.T) {
 		if err := syscall.Kill(hp, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		// No agent answers until Restart= (RestartSec=1) starts the next.
-		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if pid := agentPIDWithin(a); pid != 0 && pid != old {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no new agent 60s after SIGKILL %d\n%s", i, sd.journal("deployd"))
-			}
-		}
-		st = a.WaitFor("the next agent, started by Restart=", 60*time.Second, func(st *api.Status) bool {
-			return st.Agent.PID != old && sd.mainPID("deployd") == st.Agent.PID && AllReady(st, "web", instances)
-		})
+		st = sd.nextAgent(a, old, instances)
 		d := time.Since(t0)
 		worst = max(worst, d)
 		if got := PIDs(appOf(st, "web")); !maps.Equal(got, pids) {
@@ -177,4 +162,22 @@ func TestRealSystemdAgentKillsAdoptWorkers(t *testing.T) {
 	lost := checkTicksAcrossKills(t, ticks(t, a.Dir), nspids, kills)
 	t.Logf("%d SIGKILLs of the main pid under systemd: same pids, slowest back to serving %s after the kill, %d tick lines lost",
 		kills, worst.Round(time.Millisecond), lost)
+}
+
+// nextAgent waits until the agent Restart= starts after old was killed
+// serves as the unit's main pid with n ready workers of web. No agent
+// answers until then (RestartSec=1).
+func (s *realSystemd) nextAgent(a *Agent, old, n int) *api.Status {
+	s.t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if pid := agentPIDWithin(a); pid != 0 && pid != old {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("no new agent 60s after agent %d was killed\n%s", old, s.journal("deployd"))
+		}
+	}
+	return a.WaitFor("the next agent, started by Restart=", 60*time.Second, func(st *api.Status) bool {
+		return st.Agent.PID != old && s.mainPID("deployd") == st.Agent.PID && AllReady(st, "web", n)
+	})
 }

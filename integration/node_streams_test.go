@@ -48,6 +48,15 @@ func wsFrame(br *bufio.Reader) (op byte, payload []byte, err error) {
 	return h[0] & 0x0f, payload, err
 }
 
+// linkNodeModule makes the fixtures' module available to the app in dir
+// (made by nodeApp) as node_modules/module.
+func linkNodeModule(t *testing.T, dir, module string) {
+	t.Helper()
+	if err := os.Symlink(filepath.Join(nodeFixtures(t), "node_modules", module), filepath.Join(dir, "node_modules", module)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // An event stream and a WebSocket open on the old worker end cleanly soon
 // after its stop signal, well before stop_timeout (30 s): the stream's
 // body ends, the WebSocket gets a close frame 1001 "going away", and the
@@ -56,9 +65,7 @@ func TestNodeReloadEndsLongLivedStreams(t *testing.T) {
 	t.Parallel() // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": streamsApp})
-	if err := os.Symlink(filepath.Join(nodeFixtures(t), "node_modules", "ws"), filepath.Join(dir, "node_modules", "ws")); err != nil {
-		t.Fatal(err)
-	}
+	linkNodeModule(t, dir, "ws")
 	cfg := strings.Replace(nodeConfig(dir, []string{"node", "app.js"}, port, 1, ""), `stop_timeout = "15s"`, `stop_timeout = "30s"`, 1)
 	a := StartAgent(t, bins, cfg)
 	a.WaitFor("ready", 60*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })

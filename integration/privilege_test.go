@@ -1,6 +1,6 @@
 package integration
 
-// The privilege model (agent/privileges.go, SECURITY.md): the agent runs as
+// The privilege model (agent/control/privileges.go, SECURITY.md): the agent runs as
 // root with socket_group; a member of that group controls apps but never
 // gets root. These tests create the user and the group, so they run as
 // root (CI does) and skip otherwise.

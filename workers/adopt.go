@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -328,6 +329,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 		return nil, err
 	}
 	c := &channels{notify: notify, outR: out, errR: errR}
+	c.adoptJournals(a, h)
 	if addr := handoff.HealthAddr(notify.Addr()); spec.wantsHealthSocket() && handoff.HealthPresent(addr) {
 		c.healthAddr = addr
 	}
@@ -356,4 +358,35 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 	w.members = adoptMembers(spec, h)
 	w.serve(a, spec, c, h.Pending)
 	return w, nil
+}
+
+// adoptJournals takes the journals that crossed with h (logs.OpenJournal);
+// a worker whose journals did not cross (started by an agent without them)
+// gets new ones, which it does not keep: after a crash its last lines may
+// be lost, as before.
+func (c *channels) adoptJournals(a spawnArgs, h *Handover) {
+	fo, fe := h.files["outj"], h.files["errj"]
+	if fo == nil || fe == nil {
+		closeFiles(fo, fe)
+		c.openJournals(a)
+		return
+	}
+	var err error
+	for _, p := range []struct {
+		f *os.File
+		j **logs.Journal
+	}{{fo, &c.outJ}, {fe, &c.errJ}} {
+		var jerr error
+		if *p.j, jerr = logs.OpenJournal(p.f); *p.j == nil {
+			p.f.Close()
+		}
+		err = errors.Join(err, jerr)
+	}
+	if err != nil && a.log != nil {
+		a.log.Warn("a journal of an adopted worker was unreadable: what it held is lost", "pid", h.PID, "error", err)
+	}
+	if c.outJ == nil || c.errJ == nil {
+		c.closeJournals()
+		c.openJournals(a)
+	}
 }

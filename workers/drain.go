@@ -1,6 +1,8 @@
 package workers
 
 import (
+	"errors"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -8,6 +10,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/deployd/deployd/internal/boundedfile"
+	"github.com/deployd/deployd/internal/sockdiag"
 )
 
 // An old worker that an operation replaced drains in the background: the
@@ -73,12 +78,16 @@ func (st *state) drainingWorkers() []*Worker {
 // and until then the old worker still takes new connections from the
 // shared queue: once this returns, only the new workers do. A server that
 // keeps its listener open while it drains, and does not say it stopped,
-// is waited for stopAcceptingMax at most, once, at the end of the
-// operation.
+// is waited for stopAcceptingMax at most (less when its stop_timeout is
+// shorter), once, at the end of the operation.
 func (o *op) awaitStopAccepting() {
 	tick := time.NewTicker(stopAcceptingPoll)
 	defer tick.Stop()
-	limit := time.NewTimer(stopAcceptingMax)
+	wait := stopAcceptingMin
+	for _, d := range o.drains {
+		wait = max(wait, min(d.w.spec.StopTimeout, stopAcceptingMax))
+	}
+	limit := time.NewTimer(wait)
 	defer limit.Stop()
 	for _, d := range o.drains {
 		socks := listenerInodes(d.w.spec)
@@ -99,10 +108,14 @@ func (o *op) awaitStopAccepting() {
 
 // stopAcceptingPoll is how often awaitStopAccepting looks in /proc (no
 // event tells when a process closes a descriptor), and stopAcceptingMax
-// how long it waits in all.
+// how long it waits in all. A loaded machine can take seconds to run a
+// stop handler; until it has, the old worker still takes connections, so
+// the bound is generous, and only a server that keeps its listener open
+// while it drains ever reaches it.
 const (
 	stopAcceptingPoll = 10 * time.Millisecond
-	stopAcceptingMax  = 2 * time.Second
+	stopAcceptingMin  = 2 * time.Second
+	stopAcceptingMax  = 10 * time.Second
 )
 
 // listenerInodes returns the socket inodes of spec's listeners.
@@ -121,8 +134,28 @@ func listenerInodes(spec *Spec) map[uint64]bool {
 	return socks
 }
 
-// maxTree bounds the processes holdsListener looks at.
+// maxTree bounds the processes of a worker's tree that holdsListener and
+// openConnections look at.
 const maxTree = 256
+
+// processTree returns pid and its descendants, maxTree at most, from
+// /proc (children of each thread).
+func processTree(pid int) []int {
+	queue := []int{pid}
+	for i := 0; i < len(queue) && len(queue) < maxTree; i++ {
+		p := "/proc/" + strconv.Itoa(queue[i]) + "/task/"
+		tasks, _ := os.ReadDir(p)
+		for _, t := range tasks {
+			b, _ := boundedfile.ReadFile(p+t.Name()+"/children", boundedfile.Options{Max: 64 << 10})
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil && len(queue) < maxTree {
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return queue
+}
 
 // holdsListener reports whether pid or one of its descendants has one of
 // socks open. False once the process is gone, or where /proc does not
@@ -131,29 +164,78 @@ func holdsListener(pid int, socks map[uint64]bool) bool {
 	if pid <= 0 || len(socks) == 0 {
 		return false
 	}
-	queue := []int{pid}
-	for i := 0; i < len(queue) && i < maxTree; i++ {
-		p := strconv.Itoa(queue[i])
-		ents, _ := os.ReadDir("/proc/" + p + "/fd")
-		for _, e := range ents {
-			link, err := os.Readlink("/proc/" + p + "/fd/" + e.Name())
-			ino, ok := strings.CutPrefix(link, "socket:[")
-			if err != nil || !ok {
-				continue
-			}
-			if n, err := strconv.ParseUint(strings.TrimSuffix(ino, "]"), 10, 64); err == nil && socks[n] {
+	for _, p := range processTree(pid) {
+		held, _ := sockdiag.Inodes(p)
+		for ino := range held {
+			if socks[ino] {
 				return true
-			}
-		}
-		tasks, _ := os.ReadDir("/proc/" + p + "/task")
-		for _, t := range tasks {
-			b, _ := os.ReadFile("/proc/" + p + "/task/" + t.Name() + "/children")
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					queue = append(queue, c)
-				}
 			}
 		}
 	}
 	return false
+}
+
+// openConnections sets Connections in sts, the statuses of the draining
+// workers ws (in the same order): the established TCP connections on the
+// ports of a worker's listeners that its process, or a descendant, holds.
+// One dump of the kernel's sockets (sock_diag) serves them all. Left nil
+// (unknown) where the dump fails or the worker's /proc/PID/fd may not be
+// read (an agent not run as root, a worker of another user). Run outside
+// the loop: it reads /proc and asks the kernel.
+func openConnections(sts []WorkerStatus, ws []*Worker) {
+	if len(ws) == 0 {
+		return
+	}
+	ports := make([]map[uint16]bool, len(ws))
+	all := map[uint16]bool{}
+	for i, w := range ws {
+		ports[i] = listenerPorts(w.spec)
+		for p := range ports[i] {
+			all[p] = true
+		}
+	}
+	socks, err := sockdiag.TCP([]sockdiag.State{sockdiag.Established},
+		func(s *sockdiag.Socket) bool { return all[s.Local.Port()] })
+	if err != nil {
+		return
+	}
+	for i, w := range ws {
+		held := map[uint64]bool{}
+		for k, p := range processTree(w.PID) {
+			inos, err := sockdiag.Inodes(p)
+			if k == 0 && err != nil && !errors.Is(err, os.ErrNotExist) {
+				held = nil // not ours to read: unknown
+				break
+			}
+			for ino := range inos {
+				held[ino] = true
+			}
+		}
+		if held == nil {
+			continue
+		}
+		n := 0
+		for _, s := range socks {
+			if held[s.Inode] && ports[i][s.Local.Port()] {
+				n++
+			}
+		}
+		sts[i].Connections = &n
+	}
+}
+
+// listenerPorts returns the ports of spec's TCP listeners.
+func listenerPorts(spec *Spec) map[uint16]bool {
+	ports := map[uint16]bool{}
+	for _, l := range spec.Listeners {
+		if l.Network == "unix" {
+			continue
+		}
+		if a, err := l.LocalAddr(); err == nil {
+			if ap, err := netip.ParseAddrPort(a); err == nil {
+				ports[ap.Port()] = true
+			}
+		}
+	}
+	return ports
 }

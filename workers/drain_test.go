@@ -1,11 +1,19 @@
 package workers
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // slowDrainSpec is the next spec after spec; its workers go on for
@@ -295,4 +303,110 @@ func TestHandOverDuringBackgroundDrains(t *testing.T) {
 	for _, w := range current {
 		waitFor(t, "an adopted worker to be gone", func() bool { return processGone(w.PID) })
 	}
+}
+
+func init() {
+	// hold-conns is ready and accepts on fd 3, writing "held\n" to each
+	// connection and keeping it until the client closes it; on SIGTERM it
+	// stops accepting and exits once its last connection is closed.
+	helpers["hold-conns"] = func() int {
+		term := notifyTerm()
+		l, err := net.FileListener(os.NewFile(3, "listener"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 5
+		}
+		var open sync.WaitGroup
+		accepting := make(chan struct{})
+		go func() {
+			defer close(accepting)
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				open.Add(1)
+				go func() {
+					defer open.Done()
+					defer c.Close()
+					if _, err := c.Write([]byte("held\n")); err == nil {
+						io.Copy(io.Discard, c)
+					}
+				}()
+			}
+		}()
+		if err := sdNotify("READY=1"); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 5
+		}
+		<-term
+		l.Close()
+		unix.Close(3)
+		<-accepting
+		open.Wait()
+		return 0
+	}
+}
+
+// Status counts the connections each draining worker still holds on the
+// app's listeners (a sock_diag dump matched to its /proc/PID/fd), and the
+// count falls as they close; the worker ends with its last one.
+func TestDrainingWorkerConnections(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, newListener(t), "hold-conns", 1)
+	spec.StopTimeout = time.Minute // the drain ends with the connections, not by a kill
+	spec.Env = append(spec.Env, "HELPER_LIFETIME=90s")
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	addr, err := spec.Listeners[0].LocalAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	for range 3 {
+		c, err := net.DialTimeout("tcp", addr, waitTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(waitTimeout))
+		if line, err := bufio.NewReader(c).ReadString('\n'); line != "held\n" {
+			t.Fatalf("the worker's greeting: %q %v", line, err)
+		}
+		conns = append(conns, c)
+	}
+	old := currentWorkers(s)[0]
+	if err := s.Reload(nextSpec(spec, "serve-ready"), Rolling, nil); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	held := func() int {
+		st := s.Status()
+		for _, w := range st.Workers {
+			if w.Connections != nil {
+				t.Errorf("worker %d (%s) carries a connection count: only draining ones do", w.PID, w.State)
+			}
+		}
+		if len(st.Draining) != 1 || st.Draining[0].PID != old.PID || st.Draining[0].Connections == nil {
+			return -1
+		}
+		return *st.Draining[0].Connections
+	}
+	// Connections the new worker has not accepted yet (serve-ready does
+	// not accept) are on the same port, and not the old worker's.
+	for range 2 {
+		c, err := net.DialTimeout("tcp", addr, waitTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	if n := held(); n != 3 {
+		t.Fatalf("the draining worker holds %d connections in status, want 3: %+v", n, s.Status().Draining)
+	}
+	conns[0].Close()
+	waitFor(t, "2 connections on the draining worker", func() bool { return held() == 2 })
+	conns[1].Close()
+	conns[2].Close()
+	waitChan(t, "the old worker to end with its last connection", old.Done())
+	waitDrained(t, s)
 }

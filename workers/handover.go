@@ -287,7 +287,7 @@ func (w *Worker) describe() *Handover {
 	members := w.members
 	w.mu.Unlock()
 	h.Streams = append(h.Streams, "notify")
-	for _, name := range []string{"out", "err", "ipc", "node"} {
+	for _, name := range []string{"out", "err", "outj", "errj", "ipc", "node"} {
 		if f := w.ends[name]; f != nil {
 			h.files[name] = f
 			h.Streams = append(h.Streams, name)

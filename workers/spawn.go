@@ -47,8 +47,12 @@ var ErrNotRecorded = errors.New("workers: not started: the agent could not recor
 type channels struct {
 	notify                 *handoff.NotifySocket
 	outR, outW, errR, errW *os.File
-	ipc                    *handoff.IPCChannel // node-ipc readiness only
-	node                   *nodeStart          // the Node.js preload's channel and fds
+	// outJ and errJ hold the output between the pipes and the log files
+	// (logs.Journal); nil where memfd_create failed: lines are then read
+	// into memory, and an agent SIGKILL may lose the last ones.
+	outJ, errJ *logs.Journal
+	ipc        *handoff.IPCChannel // node-ipc readiness only
+	node       *nodeStart          // the Node.js preload's channel and fds
 	// health is the child's end of the worker's private health listener
 	// (nil without health checks); healthAddr the agent probes.
 	health     *os.File
@@ -75,6 +79,10 @@ func (c *channels) keep() ([]*os.File, map[string]int) {
 	}
 	add("out", c.outR)
 	add("err", c.errR)
+	if c.outJ != nil && c.errJ != nil {
+		add("outj", c.outJ.File())
+		add("errj", c.errJ.File())
+	}
 	if c.ipc != nil {
 		add("ipc", c.ipc.Parent)
 	}
@@ -108,6 +116,9 @@ func openChannels(a spawnArgs, spec *Spec) (*channels, error) {
 		// the default size where the system allows less.
 		_, _ = handoff.EnlargePipe(c.outW)
 		_, _ = handoff.EnlargePipe(c.errW)
+	}
+	if err == nil {
+		c.openJournals(a)
 	}
 	if err == nil && spec.Ready.Mode == ReadyNodeIPC {
 		c.ipc, err = handoff.NewIPCChannel()
@@ -147,6 +158,7 @@ func (c *channels) closeParent() {
 			f.Close()
 		}
 	}
+	c.closeJournals()
 	if c.ipc != nil {
 		c.ipc.Parent.Close()
 	}
@@ -289,9 +301,15 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	readers.Add(2)
 	w.pz.add(c.outR)
 	w.pz.add(c.errR)
-	go w.capture(&readers, "out", c.outR, a.out, "out", a.app, spec.Ready)
-	go w.capture(&readers, "err", c.errR, a.err, "err", a.app, spec.Ready)
+	go w.capture(&readers, "out", c.outR, c.outJ, a.out, a.app, spec.Ready)
+	go w.capture(&readers, "err", c.errR, c.errJ, a.err, a.app, spec.Ready)
 	pipes := []*os.File{c.outR, c.errR}
+	for name, j := range map[string]*logs.Journal{"outj": c.outJ, "errj": c.errJ} {
+		if j != nil {
+			w.ends[name] = j.File()
+			pipes = append(pipes, j.File())
+		}
+	}
 	if c.ipc != nil {
 		readers.Add(1)
 		w.pz.add(c.ipc.Parent)
@@ -317,4 +335,29 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		notifyDone.Wait()
 		w.finish()
 	}()
+}
+
+// openJournals gives the output pipes their journals (logs.Journal); without
+// memfds the output is read as before, and said so.
+func (c *channels) openJournals(a spawnArgs) {
+	var err error
+	if c.outJ, err = logs.NewJournal("out"); err == nil {
+		c.errJ, err = logs.NewJournal("err")
+	}
+	if err != nil {
+		c.closeJournals()
+		if a.log != nil {
+			a.log.Warn("no journal for the worker's output: an agent crash may lose its last lines", "error", err)
+		}
+	}
+}
+
+// closeJournals closes the agent's copies of the journals.
+func (c *channels) closeJournals() {
+	for _, j := range []*logs.Journal{c.outJ, c.errJ} {
+		if j != nil {
+			j.Close()
+		}
+	}
+	c.outJ, c.errJ = nil, nil
 }

@@ -34,6 +34,10 @@ type WorkerStatus struct {
 	// Spare: the worker is ready but gets no connection until it takes
 	// the place of one that is not (Spec.Spares).
 	Spare bool
+	// Connections, of a draining worker only, counts the established TCP
+	// connections on its app's listeners that it still holds; nil where
+	// that is not known (see openConnections).
+	Connections *int
 }
 
 // AppStatus is a snapshot of an app's pool.
@@ -70,10 +74,13 @@ type AppStatus struct {
 }
 
 // Status returns a snapshot, workers sorted by slot then start time. It
-// changes nothing: CPU and memory are the last tick's sample.
+// changes nothing: CPU and memory are the last tick's sample; the open
+// connections of draining workers are counted now, outside the loop.
 func (s *Supervisor) Status() AppStatus {
 	var st AppStatus
-	s.read(func(in *state) { st = in.status(s.opts.App) })
+	var draining []*Worker
+	s.read(func(in *state) { st, draining = in.status(s.opts.App), in.drainingWorkers() })
+	openConnections(st.Draining, draining)
 	return st
 }
 

@@ -67,7 +67,8 @@ type Worker struct {
 	mu        sync.Mutex
 	state     State
 	readyAt   time.Time
-	status    string // sd_notify STATUS=
+	asked     *string // a discovery run's LISTEN= (the address the app asked for)
+	status    string  // sd_notify STATUS=
 	watchdog  time.Time
 	exitErr   error
 	exitState *os.ProcessState
@@ -313,18 +314,27 @@ func (w *Worker) finish() {
 	close(w.exited)
 }
 
-func (w *Worker) capture(wg *sync.WaitGroup, name string, r *os.File, sink *logs.Sink, stream, app string, ready ReadyPolicy) {
+func (w *Worker) capture(wg *sync.WaitGroup, stream string, r *os.File, j *logs.Journal, sink *logs.Sink, app string, ready ReadyPolicy) {
 	defer wg.Done()
 	matchReady := ready.Mode == ReadyLog && ready.Regex != nil
-	w.pz.run(name, func(pending []byte) ([]byte, error) {
+	seen := func(text string) {
+		w.lines.Add(1)
+		w.tail.Add(text)
+		if matchReady && ready.Regex.MatchString(text) {
+			w.markReady()
+		}
+	}
+	line := func(text string) logs.Line {
+		return logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text}
+	}
+	w.pz.run(stream, func(pending []byte) ([]byte, error) {
+		if j != nil {
+			return nil, logs.CaptureJournaled(r, j, pending, sink, 0, line, seen)
+		}
 		return logs.CaptureFrom(r, pending, 0, func(text string) {
-			w.lines.Add(1)
-			w.tail.Add(text)
+			seen(text)
 			if sink != nil {
-				sink.Write(logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text})
-			}
-			if matchReady && ready.Regex.MatchString(text) {
-				w.markReady()
+				sink.Write(line(text))
 			}
 		})
 	})
@@ -375,6 +385,11 @@ func (w *Worker) onNotify(msg handoff.Notify) {
 		if w.state != Exited && w.state != Draining { // a drain shows as one to its end
 			w.state = Stopping
 		}
+		w.mu.Unlock()
+	}
+	if v, ok := msg["LISTEN"]; ok && w.asked == nil {
+		w.mu.Lock()
+		w.asked = &v
 		w.mu.Unlock()
 	}
 	if msg["READY"] == "1" {

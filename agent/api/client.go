@@ -108,7 +108,7 @@ func (c *Client) doOn(ctx context.Context, hc *http.Client, method, path string,
 		// once more: a new agent may answer.
 		resp, err = send()
 	case err == nil && resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(StoppingHeader) != "" && hc == c.hc:
-		// The agent is stopping and did nothing (agent/control.go): ask
+		// The agent is stopping and did nothing (agent/control/server.go): ask
 		// once more. After a handoff the new agent answers; after a
 		// shutdown the dial fails: unreachable. (Not for withFile's
 		// one-shot client: its file went with the first request.)

@@ -59,7 +59,7 @@ func TestReadOnlyRequestAskedAgainAfterAnUnansweredConnection(t *testing.T) {
 }
 
 // TestStoppingAgentAskedAgain: an agent that answers "stopping" (it did
-// nothing: agent/control.go) is asked once more, body and all, and the
+// nothing: agent/control/server.go) is asked once more, body and all, and the
 // second answer counts; a second "stopping" is the answer.
 func TestStoppingAgentAskedAgain(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "deployd.sock")

@@ -25,7 +25,7 @@ const (
 	// agent answers if there is one.
 	KindStopping Kind = "stopping"
 	// KindLimited: the caller holds as many control connections as it may
-	// (agent/connlimit.go); the agent refused this one and did nothing.
+	// (agent/control/connlimit.go); the agent refused this one and did nothing.
 	KindLimited Kind = "limited"
 )
 

@@ -99,6 +99,11 @@ type Worker struct {
 	// Spare: ready, but given no connection until it takes the place of
 	// a worker that crashed (the app's spares).
 	Spare bool `json:"spare,omitempty"`
+	// Connections, of a draining worker only, counts the established TCP
+	// connections on the app's listeners it still holds; absent where
+	// that is not known (an agent not run as root, a worker of another
+	// user).
+	Connections *int `json:"connections,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.

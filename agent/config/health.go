@@ -120,3 +120,11 @@ func servesOneFD(argv []string, tool, flag string) bool {
 	}
 	return has(tool, false) && !has("gunicorn", false) && has(flag, true)
 }
+
+// DiscoversListen tells an app whose listener the agent learns from the app
+// itself: a Node.js app (the preload sees its listen call) with no listen
+// list, running its command (a release's command may listen elsewhere: an
+// app with releases names its listeners).
+func (a *App) DiscoversListen() bool {
+	return len(a.Listen) == 0 && !a.Releases && nodejs.Enabled(a.Node, a.Command)
+}

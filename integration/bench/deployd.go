@@ -118,17 +118,7 @@ func (s *deploydSystem) start(ctx context.Context) error {
 	if err := s.writeConfig("v1"); err != nil {
 		return err
 	}
-	level := []string{"--log-level", "info"}
-	if s.steps {
-		level = []string{"--log-level", "debug", "--log-format", "json"}
-	}
-	cmd := exec.Command(s.b.deployd, append([]string{"agent", "-c", s.config}, level...)...)
-	cmd.Dir = s.dir
-	cmd.Env = append(os.Environ(), "DEPLOYD_SOCKET=")
-	if s.agent, err = startProc(s.label+"-agent", cmd, filepath.Join(s.dir, "agent.log"), false); err != nil {
-		return err
-	}
-	return s.waitReady(ctx, 60*time.Second+s.app.startupDelay*2)
+	return s.startAgent(ctx)
 }
 
 // waitReady polls the agent until every worker is ready.

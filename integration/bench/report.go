@@ -15,6 +15,7 @@ func (b *bench) report(w io.Writer) {
 	b.reportThroughput(w)
 	b.reportReloads(w)
 	b.reportUpgrades(w)
+	b.reportKills(w)
 	b.reportCost(w)
 	b.reportCrash(w)
 	b.reportCrashLoop(w)

@@ -13,6 +13,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "capture" {
+		os.Exit(captureHelper())
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -5,7 +5,11 @@
 // what does not fit when the disk fails or stalls is counted and reported in
 // the file once writing works again, and rotation renames files instead of
 // copying and truncating them, so nothing written during a rotation is lost.
-// It also reads the files back for `deployd logs` (LastLines, Follow).
+// A worker's output pipe is read through a Journal (CaptureJournaled), so
+// that an agent SIGKILL neither loses nor repeats a line: its lines are
+// written at once, recorded in the journal, and the queue is used only while
+// writing fails or stalls. It also reads the files back for `deployd logs`
+// (LastLines, Follow).
 package logs
 
 import (
@@ -105,6 +109,8 @@ const (
 	reqTruncate
 	reqClose
 	reqReopen
+	reqAppend  // write lines of a journal now, recording the append in it
+	reqResolve // settle the append a journal recorded before a crash
 )
 
 // request asks the writer goroutine to write everything queued, then act.
@@ -112,6 +118,12 @@ type request struct {
 	kind  reqKind
 	reply chan error // buffered, so the writer never waits for the asker
 	opts  *Options   // reqReopen: the new settings
+
+	journal *Journal // reqAppend, reqResolve
+	lines   []Line   // reqAppend
+	upto    int64    // reqAppend: the journal's done offset after the lines
+	rec     *Append  // reqResolve
+	found   chan bool
 }
 
 // OpenSink opens (creating, with its directory) the file at o.Path and starts
@@ -221,6 +233,49 @@ func (s *Sink) stuck() bool {
 func (s *Sink) drop() {
 	s.dropped.Add(1)
 	s.overflow.Add(1)
+}
+
+// appendJournaled writes lines (of j's stream, up to j's offset upto) now,
+// after what is queued, and returns once they are written (or dropped and
+// counted: a full disk); the Sink records the append in j just before the
+// write (Journal). While writing fails or stalls it queues them as Write
+// does: a disk that stalls or fails holds no worker, and exactly-once then
+// holds only as long as the agent lives.
+func (s *Sink) appendJournaled(j *Journal, lines []Line, upto int64) {
+	if s.failing.Load() || s.stuck() {
+		for _, l := range lines {
+			s.Write(l)
+		}
+		return
+	}
+	s.mu.RLock()
+	closed := s.closed
+	s.mu.RUnlock()
+	if closed {
+		s.dropped.Add(uint64(len(lines)))
+		return
+	}
+	r := request{kind: reqAppend, journal: j, lines: lines, upto: upto, reply: make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+		<-r.reply
+	case <-s.done:
+		s.dropped.Add(uint64(len(lines)))
+	}
+}
+
+// Resolve tells whether the append rec (recorded in a journal by an agent
+// that died before it marked it done) is in the log: false means it must
+// be written again. A write the dying agent left torn at the end of the
+// current file is cut off first.
+func (s *Sink) Resolve(rec *Append) bool {
+	r := request{kind: reqResolve, rec: rec, found: make(chan bool, 1)}
+	select {
+	case s.reqs <- r:
+		return <-r.found
+	case <-s.done:
+		return false
+	}
 }
 
 // Dropped returns how many lines were dropped since the Sink was opened:

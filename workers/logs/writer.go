@@ -32,6 +32,9 @@ type writer struct {
 	closing bool   // some of pending were dropped because Close ran out of time
 	werr    error  // the write error that dropped some of pending
 	broken  bool   // the file ends in a partial line (a write failed midway)
+
+	journal *Journal // records the next flush (appendJournaled)
+	upto    int64    // journal's done offset once that flush is written
 }
 
 func (w *writer) run() {
@@ -51,6 +54,14 @@ func (w *writer) run() {
 			if r.kind == reqClose {
 				r.reply <- w.close()
 				return
+			}
+			if r.kind == reqAppend {
+				r.reply <- w.appendJournaled(r)
+				continue
+			}
+			if r.kind == reqResolve {
+				r.found <- w.resolve(r.rec)
+				continue
 			}
 			if r.kind == reqReopen {
 				r.reply <- w.reopen(*r.opts)
@@ -198,7 +209,13 @@ func (w *writer) flush() error {
 		data = w.head
 	}
 	w.s.busySince.Store(time.Now().UnixNano())
-	n, err := w.f.Write(data)
+	var n int
+	var err error
+	if w.journal != nil {
+		n, err = w.writeRecorded(data)
+	} else {
+		n, err = w.f.Write(data)
+	}
 	w.s.busySince.Store(0)
 	w.s.failing.Store(err != nil)
 	w.buf = w.buf[:0]

@@ -137,6 +137,10 @@ type Spec struct {
 	// Indirect: the command starts node underneath (npm start, sh -c ...),
 	// so the main process is not the app's node.
 	Indirect bool
+	// Discover: a discovery run of an app without a listen list. The
+	// preload reports the first listen(port) the app makes (LISTEN= on its
+	// channel) and exits; it never reports ready.
+	Discover bool
 }
 
 // Direct tells whether argv's main process is node itself.
@@ -169,6 +173,7 @@ type wireConfig struct {
 	// ListenPID: node was started without deployd's exec shim, so the
 	// preload sets LISTEN_PID to its pid (when unset) before the app runs.
 	ListenPID bool `json:"listenPid,omitempty"`
+	Discover  bool `json:"discover,omitempty"`
 }
 
 // Env returns env extended for a node worker whose channel is fd ctl and
@@ -185,7 +190,8 @@ func (s *Spec) DirectEnv(env []string, ctl, first int) []string { return s.env(e
 
 func (s *Spec) env(env []string, ctl, first int, listenPID bool) []string {
 	wc := wireConfig{App: s.App, Ctl: ctl, Ready: s.ReportReady, NodeIPC: s.NodeIPC, StopSignal: s.StopSignal,
-		StopTimeoutMs: s.StopTimeout.Milliseconds(), Listeners: []wireListener{}, ListenPID: listenPID}
+		StopTimeoutMs: s.StopTimeout.Milliseconds(), Listeners: []wireListener{}, ListenPID: listenPID,
+		Discover: s.Discover}
 	var tcpPorts []int
 	for i, l := range s.Listeners {
 		wl := wireListener{FD: first + i, Network: l.Network, Address: l.Address}

@@ -201,6 +201,33 @@ function run(cfg) {
     fail(msg);
   }
 
+  // discovered answers a discovery run: the address the app asked for goes
+  // to the agent (LISTEN=), which binds it and starts the real workers with
+  // it; this process then exits, before the app serves anything.
+  var reported = false;
+  function discovered(r) {
+    if (reported) return;
+    reported = true;
+    var addr = r.kind === 'unix' ? 'unix://' + path.resolve(r.path) : 'tcp://' + hostOf(r.host) + ':' + r.port;
+    var t = setTimeout(function () { origExit.call(process, 0); }, 500);
+    send(['LISTEN=' + addr, 'STATUS=discovered listen ' + addr], function () {
+      clearTimeout(t);
+      origExit.call(process, 0);
+    });
+  }
+
+  // hostOf is the host of a listen(port, host) as a listen address: an IP
+  // literal as it is, localhost as 127.0.0.1, none (or another name) as
+  // every IPv4 address, which is what the error for an unlisted port
+  // suggests too.
+  function hostOf(h) {
+    if (typeof h !== 'string' || h === '' || h === '::' || h === '0.0.0.0') return '0.0.0.0';
+    if (h === 'localhost') return '127.0.0.1';
+    if (net.isIPv4(h)) return h;
+    if (net.isIPv6(h)) return '[' + h + ']';
+    return '0.0.0.0';
+  }
+
   function fail(msg) {
     process.stderr.write(msg + '\n');
     process.exitCode = 1;
@@ -239,8 +266,9 @@ function run(cfg) {
   }
 
   // An app with no listener (a queue worker) is ready once its main module
-  // has run.
-  if (listeners.length === 0 && cfg.ready) {
+  // has run. A discovery run (cfg.discover: the config has no listen list)
+  // is never ready: it reports the app's first listen and exits.
+  if (listeners.length === 0 && cfg.ready && !cfg.discover) {
     setImmediate(function () { send(['READY=1', 'STATUS=running (no listeners configured)']); });
   }
 
@@ -255,6 +283,10 @@ function run(cfg) {
       return origListen.apply(this, arguments);
     }
     var i = find(r);
+    if (i === -1 && cfg.discover && listeners.length === 0) {
+      discovered(r);
+      return this;
+    }
     if (i === -1) {
       unlisted(r);
       return this;
@@ -617,12 +649,16 @@ function run(cfg) {
 
   // endStreams ends what would keep a connection open for long: event
   // streams (their clients reconnect), over HTTP/2 too, and WebSockets
-  // (close frame 1001, going away).
+  // (close frame 1001, going away). An HTTP/1 event stream's connection
+  // ends with it (FIN after the last chunk): its client's reconnect, on a
+  // kept-alive connection, would otherwise start a stream on this worker.
   function endStreams(server) {
     var st = server[kState];
     st.conns.forEach(function (c, sock) {
-      if (c.res && !c.res.writableEnded && eventStream(c.res)) c.res.end();
-      else if (st.kind === 'http' && !sock.parser && !sock.destroyed) endUpgraded(sock, c);
+      if (c.res && !c.res.writableEnded && eventStream(c.res)) {
+        c.res.end();
+        sock.end();
+      } else if (st.kind === 'http' && !sock.parser && !sock.destroyed) endUpgraded(sock, c);
     });
     st.streams.forEach(function (res) {
       if (!res.writableEnded && eventStream(res)) res.end();
@@ -650,7 +686,7 @@ function run(cfg) {
         return;
       }
     }
-    if (!c.ws) return; // another protocol: the app's to end
+    if (!c.ws || sock.writableEnded) return; // another protocol: the app's to end; or ended already
     var reason = Buffer.from('going away');
     var frame = Buffer.concat([Buffer.from([0x88, 2 + reason.length, 0x03, 0xe9]), reason]);
     sock.end(frame);
@@ -667,7 +703,13 @@ function run(cfg) {
       if (!longLived(st, sock)) scheduleIdle(sock, c);
     });
     st.sessions.forEach(goaway);
-    var t = setTimeout(function () { endStreams(server); }, STREAM_GRACE_MS);
+    // Again every grace while connections last: a stream that began after
+    // the first pass (a request on a connection accepted before the
+    // listener closed) ends too, not at stop_timeout.
+    var t = setInterval(function () {
+      if (st.conns.size === 0 && st.streams.size === 0) clearInterval(t);
+      else endStreams(server);
+    }, STREAM_GRACE_MS);
     t.unref();
   }
 

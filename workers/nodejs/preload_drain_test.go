@@ -216,13 +216,30 @@ s.listen({fd: 4}, () => console.log('up'));
 	if err != nil || up.StatusCode != 101 {
 		t.Fatalf("upgrade: %v %v", up, err)
 	}
+	late := dialApp(t, r.port) // accepted now, its request comes after the first pass
 	t0 := time.Now()
 	r.cmd.Process.Signal(syscall.SIGTERM)
 	r.waitCtl(t, "STOPPING=1")
 	if rest, err := io.ReadAll(resp.Body); err != nil || len(rest) != 0 {
 		t.Errorf("event stream after the signal: %q %v, want its clean end", rest, err)
 	}
-	sse.c.Close() // as a client does at the end of a stream
+	// Its connection ends with it: a client reconnecting over it would
+	// start its next stream on this draining worker.
+	fmt.Fprintf(sse.c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+	if again, err := http.ReadResponse(sse.br, nil); err == nil {
+		t.Errorf("a reconnect over the ended event stream's connection got %s from the draining worker, want the connection's end", again.Status)
+	}
+	sse.c.Close()
+	// A stream that begins after the first pass ends too, a grace later.
+	late.send("/events")
+	lresp, err := http.ReadResponse(late.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rest, err := io.ReadAll(lresp.Body); err != nil || string(rest) != "data: hello\n\n" {
+		t.Errorf("an event stream begun while draining: %q %v, want its first event, then its clean end", rest, err)
+	}
+	late.c.Close()
 	frame, err := io.ReadAll(ws.br)
 	want := append([]byte{0x88, 12, 0x03, 0xe9}, "going away"...)
 	if string(frame) != string(want) {
@@ -308,15 +325,25 @@ other.listen(0, '127.0.0.1', () => {
 `, []string{"NODE_DEBUG=deployd"})
 	r.line(t, "up")
 	r.waitCtl(t, "READY=1")
-	errs := r.errs.String()
+	// stderr comes through its own pipe: it may arrive after READY=1.
 	for _, want := range []string{
 		`is not on a listener of app "web": left alone (no drain)`,
 		`deployd: warning: a Server that is not an HTTP server accepts on tcp://127.0.0.1:` + strconv.Itoa(r.port) + ` of app "web"`,
 		`end them yourself on SIGTERM`,
 	} {
-		if !strings.Contains(errs, want) {
-			t.Errorf("stderr lacks %q:\n%s", want, errs)
+		r.errLine(t, want)
+	}
+}
+
+// errLine waits up to 10 s for want in node's stderr.
+func (r *preloadRun) errLine(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(r.errs.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stderr lacks %q after 10s:\n%s", want, r.errs.String())
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

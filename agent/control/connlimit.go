@@ -1,4 +1,4 @@
-package agent
+package control
 
 import (
 	"bufio"
@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -264,19 +263,3 @@ func (r *rateLog) allow(now time.Time) (bool, int) {
 	r.last, r.skipped = now, 0
 	return true, n
 }
-
-// startLimits raises RLIMIT_NOFILE and logs the control connection limits
-// derived from it. Called once at start, before anything is opened.
-func (a *Agent) startLimits() {
-	n, err := raiseNoFile()
-	if err != nil {
-		a.log.Warn("read RLIMIT_NOFILE; control connection limits assume 1024", "error", err)
-		n = 1024
-	}
-	a.nofile = n
-	lim := limitsFor(n)
-	a.log.Debug("control connection limits", "nofile", n, "per_uid", lim.PerUID, "others", lim.Others, "owners", lim.Owners)
-}
-
-// isOwnerUID: root and the agent's own uid (RoleOwner).
-func (a *Agent) isOwnerUID(uid int) bool { return uid == 0 || uid == os.Getuid() }

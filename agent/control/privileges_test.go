@@ -1,4 +1,4 @@
-package agent
+package control
 
 import (
 	"os"
@@ -18,8 +18,8 @@ var memberColumn = map[Need]string{
 // The privilege table in code, docs/commands.md's and SECURITY.md's agree, and every
 // route of the control server has exactly one row.
 func TestPrivilegeTablesAgree(t *testing.T) {
-	a := &Agent{}
-	hs := a.handlers()
+	s := &Server{}
+	hs := s.handlers()
 	seen := map[string]bool{}
 	for _, p := range Privileges {
 		key := p.Method + " " + p.Path
@@ -36,7 +36,7 @@ func TestPrivilegeTablesAgree(t *testing.T) {
 			t.Errorf("route %s has no row in Privileges: every call needs one", key)
 		}
 	}
-	for _, doc := range []string{"../docs/commands.md", "../SECURITY.md"} {
+	for _, doc := range []string{"../../docs/commands.md", "../../SECURITY.md"} {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
@@ -74,7 +74,7 @@ func rowOf(doc, call string) []string {
 }
 
 func TestAuthorize(t *testing.T) {
-	a := &Agent{}
+	s := &Server{}
 	for _, tc := range []struct {
 		role   Role
 		method string
@@ -87,7 +87,7 @@ func TestAuthorize(t *testing.T) {
 		{RoleMember, "POST", "/v1/upgrade", true}, // the upgrade then requires a signature
 		{RoleMember, "POST", "/v1/unknown", false},
 	} {
-		ok, why := a.authorize(&Peer{UID: 1234, Role: tc.role}, tc.method, tc.path)
+		ok, why := s.authorize(&Peer{UID: 1234, Role: tc.role}, tc.method, tc.path)
 		if ok != tc.ok {
 			t.Errorf("%s %s %s: %v (%s), want %v", tc.role, tc.method, tc.path, ok, why, tc.ok)
 		}

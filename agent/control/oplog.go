@@ -1,4 +1,4 @@
-package agent
+package control
 
 import (
 	"encoding/json"
@@ -122,6 +122,17 @@ func (w *opWriter) result(l api.StreamLine) {
 		w.ended(d.Error == "", "app", d.App, "outcome", d.Status, "version", d.Version, "previous", d.Previous,
 			"duration", secs(d.DurationSeconds), "error", d.Error, "exit_status", d.ExitStatus)
 	}
+}
+
+// succeeded reports whether an app's outcome is what its operation asked
+// for: done, a canary held, a canary promoted or aborted (a promote or an
+// abort that ended a hold).
+func succeeded(outcome string) bool {
+	switch outcome {
+	case api.OutcomeDone, api.OutcomeHeld, api.OutcomePromoted, api.OutcomeAborted:
+		return true
+	}
+	return false
 }
 
 func (w *opWriter) ended(ok bool, kv ...any) {

@@ -1,4 +1,4 @@
-package agent
+package control
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/deployd/deployd/agent"
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
 )
@@ -100,7 +101,7 @@ func peerOf(ctx context.Context) *Peer {
 
 // connContext stores the client's credentials and its connection in the
 // connection's context.
-func (a *Agent) connContext(ctx context.Context, c net.Conn) context.Context {
+func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
 	fc, ok := c.(*api.FileConn)
 	if !ok {
 		return ctx
@@ -121,7 +122,7 @@ func (a *Agent) connContext(ctx context.Context, c net.Conn) context.Context {
 	if p == nil {
 		return ctx
 	}
-	p.Role = a.roleOf(p)
+	p.Role = s.roleOf(p)
 	return context.WithValue(ctx, peerKey{}, p)
 }
 
@@ -162,12 +163,12 @@ func peerGroups(fd int) []int {
 
 // roleOf: root and the agent's uid are owners; a peer whose gid or one of
 // whose supplementary groups is socket_group is a member.
-func (a *Agent) roleOf(p *Peer) Role {
-	if p.UID == 0 || p.UID == os.Getuid() {
+func (s *Server) roleOf(p *Peer) Role {
+	if isOwnerUID(p.UID) {
 		return RoleOwner
 	}
-	if g := a.settings.SocketGroup; g != "" {
-		if gid, err := lookupGroup(g); err == nil && (p.GID == gid || slices.Contains(p.Groups, gid)) {
+	if g := s.settings.SocketGroup; g != "" {
+		if gid, err := agent.LookupGroup(g); err == nil && (p.GID == gid || slices.Contains(p.Groups, gid)) {
 			return RoleMember
 		}
 	}
@@ -177,7 +178,7 @@ func (a *Agent) roleOf(p *Peer) Role {
 // authorize says whether p may make the call; why explains a refusal.
 // NeedMemberSigned lets members through: the upgrade itself then requires a
 // signature (upgradeRules).
-func (a *Agent) authorize(p *Peer, method, path string) (bool, string) {
+func (s *Server) authorize(p *Peer, method, path string) (bool, string) {
 	if p == nil {
 		return false, "permission denied: the agent could not read the client's credentials"
 	}
@@ -185,7 +186,7 @@ func (a *Agent) authorize(p *Peer, method, path string) (bool, string) {
 	switch {
 	case p.Role == RoleNone:
 		return false, fmt.Sprintf("permission denied: uid %d may not control this agent; run as root or as uid %d%s",
-			p.UID, os.Getuid(), a.groupHint())
+			p.UID, os.Getuid(), s.groupHint())
 	case p.Role == RoleOwner, need != NeedOwner:
 		return true, ""
 	}
@@ -193,8 +194,8 @@ func (a *Agent) authorize(p *Peer, method, path string) (bool, string) {
 		method, path, os.Getuid())
 }
 
-func (a *Agent) groupHint() string {
-	if g := a.settings.SocketGroup; g != "" {
+func (s *Server) groupHint() string {
+	if g := s.settings.SocketGroup; g != "" {
 		return ", or as a member of socket_group " + g
 	}
 	return ""
@@ -206,7 +207,7 @@ func (a *Agent) groupHint() string {
 var changesApp = map[string]bool{
 	"POST " + api.PathDeploy:   true,
 	"POST " + api.PathRollback: true,
-	"POST " + api.PathReload:   true, // checked by handleReload, against the config it loads
+	"POST " + api.PathReload:   true, // checked by the core's Reload (agent.Caller), against the config it loads
 	"POST " + api.PathRestart:  true,
 	"POST " + api.PathScale:    true,
 	"POST " + api.PathStop:     true,
@@ -215,23 +216,10 @@ var changesApp = map[string]bool{
 	"POST " + api.PathAbort:    true,
 }
 
-// runsAsRoot reports whether app's workers and hooks run as uid 0: the
-// agent is root and the app has no user, or a user whose uid is 0.
-func runsAsRoot(app *config.App) bool {
-	if os.Getuid() != 0 {
-		return false
-	}
-	cred, err := credential(app)
-	if err != nil {
-		return false // the app cannot start at all
-	}
-	return cred == nil || cred.Uid == 0
-}
-
 // mayChange says whether p may change app (a call of changesApp); why
 // explains a refusal and names the key that would allow it.
 func mayChange(p *Peer, app *config.App) (bool, string) {
-	if p == nil || p.Role != RoleMember || app == nil || app.MembersMayRunAsRoot || !runsAsRoot(app) {
+	if p == nil || p.Role != RoleMember || app == nil || app.MembersMayRunAsRoot || !agent.RunsAsRoot(app) {
 		return true, ""
 	}
 	return false, fmt.Sprintf("permission denied: app %s runs as root (no `user`, or a user with uid 0, under an agent "+
@@ -242,7 +230,7 @@ func mayChange(p *Peer, app *config.App) (bool, string) {
 
 // authorizeApp applies mayChange to the app a request names (the running
 // config's; reload checks the one it loads). body is the request's body.
-func (a *Agent) authorizeApp(p *Peer, method, path string, body []byte) (bool, string) {
+func (s *Server) authorizeApp(p *Peer, method, path string, body []byte) (bool, string) {
 	call := method + " " + path
 	if p == nil || p.Role != RoleMember || !changesApp[call] || call == "POST "+api.PathReload {
 		return true, ""
@@ -253,21 +241,9 @@ func (a *Agent) authorizeApp(p *Peer, method, path string, body []byte) (bool, s
 	if json.Unmarshal(body, &req) != nil {
 		return true, "" // the handler answers the bad request
 	}
-	a.mu.Lock()
-	rt := a.apps[req.App]
-	a.mu.Unlock()
-	if rt == nil {
+	app := s.a.AppConfig(req.App)
+	if app == nil {
 		return true, "" // the handler answers: no such app
 	}
-	return mayChange(p, rt.config())
-}
-
-// mayReload applies mayChange to the apps a member's reload moves to cfg.
-func mayReload(p *Peer, cfg *config.Config, names []string) (bool, string) {
-	for _, n := range names {
-		if ok, why := mayChange(p, cfg.Apps[n]); !ok {
-			return false, why
-		}
-	}
-	return true, ""
+	return mayChange(p, app)
 }

@@ -1,4 +1,4 @@
-package agent
+package control
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/agent"
 	"github.com/deployd/deployd/internal/procstat"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/workers"
@@ -26,55 +26,42 @@ import (
 const MetricsPath = "/metrics"
 
 // metricsServer serves Prometheus metrics on [agent] metrics. Its listener
-// crosses an agent handoff (tableflip), so the new agent serves the same
-// port without a gap.
+// crosses an agent handoff (the core registers it with tableflip), so the
+// new agent serves the same port without a gap.
 type metricsServer struct {
 	srv  *http.Server
+	ln   net.Listener
+	log  hclog.Logger
 	done chan struct{} // closed when Serve returned
 	once sync.Once
 }
 
-// startMetrics starts the metrics server on addr; "" leaves metrics off. A
-// busy address is an error (the agent does not start).
-func (a *Agent) startMetrics(addr string) error {
-	if addr == "" {
-		return nil
-	}
-	ln, err := a.upg.Fds().Listener("tcp", addr) // from the previous agent
-	if err == nil && ln == nil {
-		ln, err = net.Listen("tcp", addr)
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return &handoff.AddrInUseError{URL: "[agent] metrics " + addr, Holder: handoff.Holder("tcp", addr), Err: err}
-		}
-		if err == nil {
-			if err = a.upg.Fds().AddListener("tcp", addr, ln.(*net.TCPListener)); err != nil {
-				ln.Close()
-			}
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("metrics %s: %w", addr, err)
-	}
-	log := a.log.Named("metrics")
+// newMetricsServer builds the metrics server of a on ln.
+func newMetricsServer(a *agent.Agent, ln net.Listener, log hclog.Logger) *metricsServer {
 	errLog := log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
 	mux := http.NewServeMux()
 	mux.Handle("GET "+MetricsPath, newCollector(a))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "deployd %s: Prometheus metrics at %s\n", version.String(), MetricsPath)
 	})
-	m := &metricsServer{
-		srv:  &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: errLog},
-		done: make(chan struct{}),
+	return &metricsServer{
+		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: errLog},
+		ln:  ln, log: log, done: make(chan struct{}),
+	}
+}
+
+// start serves in the background until Stop. Nothing on nil.
+func (m *metricsServer) start() {
+	if m == nil {
+		return
 	}
 	go func() {
 		defer close(m.done)
-		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "error", err)
+		if err := m.srv.Serve(m.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.log.Error("metrics server stopped", "error", err)
 		}
 	}()
-	a.sys.metrics = m
-	log.Info("serving Prometheus metrics", "address", ln.Addr().String(), "path", MetricsPath)
-	return nil
+	m.log.Info("serving Prometheus metrics", "address", m.ln.Addr().String(), "path", MetricsPath)
 }
 
 // Stop stops the server (a scrape in flight gets 2 s to finish) and waits
@@ -90,14 +77,14 @@ func (m *metricsServer) Stop() {
 			m.srv.Close()
 		}
 	})
-	<-m.done
+	<-m.done // start runs in Serve, which the agent's run group always runs
 }
 
 // collector answers a scrape from the agent's status at that moment: one
 // status snapshot per app, and the agent's own process and Go runtime
 // figures under the names the Prometheus client uses (process_*, go_*).
 type collector struct {
-	a        *Agent
+	a        *agent.Agent
 	fs       procstat.FS
 	inFlight chan struct{} // at most cap scrapes at once; more get 503
 }
@@ -143,7 +130,7 @@ var families = [][3]string{
 	{"go_memstats_sys_bytes", "gauge", "Number of bytes obtained from system."},
 }
 
-func newCollector(a *Agent) *collector {
+func newCollector(a *agent.Agent) *collector {
 	return &collector{a: a, inFlight: make(chan struct{}, 4)}
 }
 
@@ -169,16 +156,16 @@ func (c *collector) collect() []byte {
 		e.declare(f[0], f[1], f[2])
 	}
 	e.add("deployd_agent_info", "", 1, "version", version.String())
-	for _, rt := range c.a.appList() {
-		c.collectApp(e, rt)
+	for _, f := range c.a.Figures() {
+		c.collectApp(e, f)
 	}
 	c.collectSelf(e)
 	return e.Bytes()
 }
 
-func (c *collector) collectApp(e *exposition, rt *appRT) {
-	st, ctr := appStatus(rt), rt.sup.Counters()
-	name := rt.name
+func (c *collector) collectApp(e *exposition, f agent.AppFigures) {
+	st, ctr := f.Status, f.Counters
+	name := st.Name
 	for _, s := range withCurrent(appStates, st.State) {
 		e.add("deployd_app_state", "", b2f(s == st.State), "app", name, "state", s)
 	}

@@ -1,0 +1,41 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// handleLogs answers GET /v1/logs?app=&n=&err=&follow=&resume= with
+// api.LogLines: the last n lines of each log, then, with follow, every new
+// line until the client goes away or the control server stops.
+func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	n, err := queryInt(q.Get("n"), 20)
+	if err != nil || n < 0 || n > api.MaxLogLines {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("bad request: n=%q: want 0 to %d lines", q.Get("n"), api.MaxLogLines))
+		return
+	}
+	errLog, err1 := queryBool(q.Get("err"))
+	follow, err2 := queryBool(q.Get("follow"))
+	if err := errors.Join(err1, err2); err != nil {
+		writeError(w, http.StatusBadRequest, "bad request: "+err.Error())
+		return
+	}
+	req := api.LogsRequest{App: q.Get("app"), Lines: n, Err: errLog, Follow: follow}
+	for _, v := range q["resume"] {
+		p, err := api.ParseLogPos(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "bad request: "+err.Error())
+			return
+		}
+		req.Resume = append(req.Resume, p)
+	}
+	ls := newLogStream(w)
+	defer ls.close()
+	if err := s.a.Logs(r.Context(), s.stopping(), req, ls); err != nil {
+		writeErr(w, err)
+	}
+}

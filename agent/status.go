@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/internal/version"
+	"github.com/deployd/deployd/workers"
+)
+
+// Status is the agent's state and that of app (of every app when "").
+func (a *Agent) Status(app string) (*api.Status, error) {
+	st := &api.Status{Agent: api.Agent{
+		Version: version.String(), PID: os.Getpid(), UptimeSeconds: time.Since(a.started).Seconds(),
+		Config: a.path, Socket: a.socket, RSSBytes: selfRSS(),
+	}, Apps: []api.App{}}
+	for _, rt := range a.appList() {
+		if app == "" || rt.name == app {
+			s := appStatus(rt)
+			s.Scaled = a.state.get(rt.name).Instances
+			st.Apps = append(st.Apps, s)
+		}
+	}
+	if app != "" && len(st.Apps) == 0 {
+		return nil, failWith(api.KindNotFound, "%s", a.noSuchApp(app))
+	}
+	return st, nil
+}
+
+// AppFigures is what a metrics scrape reads of one app: its status and
+// the supervisor's counters.
+type AppFigures struct {
+	Status   api.App
+	Counters workers.Counters
+}
+
+// Figures are every app's figures, sorted by app.
+func (a *Agent) Figures() []AppFigures {
+	var out []AppFigures
+	for _, rt := range a.appList() {
+		out = append(out, AppFigures{Status: appStatus(rt), Counters: rt.sup.Counters()})
+	}
+	return out
+}
+
+func appStatus(rt *appRT) api.App {
+	s := rt.sup.Status()
+	state := string(s.State)
+	if rt.config().Releases && s.Release == "" && len(s.Workers) == 0 {
+		state = "no release"
+	}
+	app := api.App{Name: rt.name, State: state, Release: s.Release, Instances: s.Instances,
+		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Warnings: s.Warnings, Workers: []api.Worker{},
+		DroppedLogLines: droppedLogLines(rt), Canary: apiCanary(s.Canary), LastCanary: apiCanaryEnd(s.LastCanary)}
+	for _, l := range rt.config().Listen {
+		if l.Discovered {
+			app.Listen = append(app.Listen, l.URL+" (discovered)")
+		} else {
+			app.Listen = append(app.Listen, l.URL)
+		}
+	}
+	app.Balance, app.Spares = s.Balance, s.Spares
+	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
+		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
+	}
+	for _, w := range s.Workers {
+		app.Workers = append(app.Workers, apiWorker(w))
+	}
+	for _, w := range s.Draining {
+		app.Draining = append(app.Draining, apiWorker(w))
+	}
+	return app
+}
+
+func apiWorker(w workers.WorkerStatus) api.Worker {
+	aw := api.Worker{
+		Slot: w.Slot, PID: w.PID, State: string(w.State), Release: w.Release, Generation: w.Generation,
+		Restarts: w.Restarts, UptimeSeconds: w.Uptime.Seconds(),
+		MemoryReplacements: w.MemoryReplacements, WatchdogReplacements: w.WatchdogReplacements, ReadyMillis: w.ReadyAfter.Milliseconds(),
+		CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
+		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
+		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError, Connections: w.Connections,
+		Spare: w.Spare,
+	}
+	if w.Recycles {
+		in := w.RecycleIn.Seconds()
+		aw.RecycleInSeconds = &in
+	}
+	return aw
+}

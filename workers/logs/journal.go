@@ -1,0 +1,338 @@
+package logs
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// A Journal holds the bytes of one output stream of a worker between its
+// pipe and the log file, in a memfd that the worker keeps a copy of (as it
+// keeps its pipes' read ends), so that they outlive an agent SIGKILL:
+//
+//   - Bytes leave the pipe only by splice(2) into the journal: each byte is
+//     either still in the pipe or in the journal, never in neither (a read
+//     into the agent's memory would be lost with the agent).
+//   - Before the complete lines among them are written to the log file, the
+//     journal's header records the append: the file (device, inode), the
+//     offset it starts at, its length and its SHA-256, and up to where in
+//     the journal it goes. After the write, the header says those bytes are
+//     done.
+//   - The agent that comes after a crash (Sink.Resolve) looks for a recorded
+//     append in the file: the bytes there hash alike, it happened (the
+//     journal's bytes are done); otherwise it did not, and they are written
+//     now. So a line is neither lost nor written twice.
+//
+// The header is one pwrite within the memfd's first page, which a SIGKILL
+// cannot tear. A Journal is used by one reader goroutine at a time; its
+// header is written under mu because the Sink's writer records the append.
+type Journal struct {
+	f *os.File
+
+	mu      sync.Mutex
+	done    int64 // journal offset up to which the bytes are in the log
+	end     int64 // journal offset after the last byte spliced in
+	punched int64 // the pages before it were given back
+	pending []byte
+	rec     *Append // the append of the last crash, until Resolve
+}
+
+// Append is an append of a journal's bytes to a log file, as recorded
+// before it is written.
+type Append struct {
+	Dev, Ino uint64
+	Off, Len int64
+	Sum      [sha256.Size]byte
+	Upto     int64 // the journal's done offset once the append happened
+}
+
+const (
+	journalMagic = 0x444a4c31 // "DJL1"
+	journalData  = 4096       // the data starts after the header's page
+	headerSize   = 4 + 8 + 1 + 8 + 8 + 8 + 8 + sha256.Size + 8
+	spliceMax    = 64 << 10 // bytes moved from the pipe per splice
+	// maxJournal bounds what a journal taken from a worker may hold
+	// unwritten: a dead agent moved at most spliceMax past a partial line.
+	maxJournal = 4 << 20
+)
+
+// NewJournal creates an empty journal.
+func NewJournal(name string) (*Journal, error) {
+	fd, err := unix.MemfdCreate("deployd-journal-"+name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("logs: journal: memfd_create: %w", err)
+	}
+	j := &Journal{f: os.NewFile(uintptr(fd), "journal-"+name), done: journalData, end: journalData, punched: journalData}
+	if err := j.writeHeader(nil); err != nil {
+		j.f.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+// OpenJournal takes the journal in f (copied from a worker after a crash,
+// or passed by a handoff): the bytes not yet done and the append the agent
+// that wrote it may have been making, which the first capture settles with
+// its Sink. f is owned by the Journal. A journal whose header makes no
+// sense is started afresh on the same file, and the error says so: what it
+// held is lost.
+func OpenJournal(f *os.File) (*Journal, error) {
+	// Only a journal is ever written: the fd a worker kept may have been
+	// closed and reused by the app for a file of its own.
+	if name, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(int(f.Fd()))); !strings.HasPrefix(name, "/memfd:deployd-journal-") {
+		return nil, fmt.Errorf("logs: journal: %q is not a deployd journal", name)
+	}
+	j := &Journal{f: f}
+	if err := j.load(); err != nil {
+		j.done, j.end, j.punched, j.pending, j.rec = journalData, journalData, journalData, nil, nil
+		if terr := f.Truncate(journalData); terr != nil {
+			return nil, errors.Join(err, terr)
+		}
+		if herr := j.writeHeader(nil); herr != nil {
+			return nil, errors.Join(err, herr)
+		}
+		return j, err
+	}
+	return j, nil
+}
+
+// load reads the header and the bytes not done from the memfd: another
+// agent may have used it since this one last did (a handoff that failed
+// after the next agent read on).
+func (j *Journal) load() error {
+	var h [headerSize]byte
+	if _, err := j.f.ReadAt(h[:], 0); err != nil {
+		return fmt.Errorf("logs: journal: header: %w", err)
+	}
+	if binary.LittleEndian.Uint32(h[0:]) != journalMagic {
+		return errors.New("logs: journal: not a deployd journal")
+	}
+	st, err := j.f.Stat()
+	if err != nil {
+		return fmt.Errorf("logs: journal: %w", err)
+	}
+	done, end := int64(binary.LittleEndian.Uint64(h[4:])), max(st.Size(), journalData)
+	var rec *Append
+	if h[12] == 1 {
+		rec = &Append{}
+		rec.Dev = binary.LittleEndian.Uint64(h[13:])
+		rec.Ino = binary.LittleEndian.Uint64(h[21:])
+		rec.Off = int64(binary.LittleEndian.Uint64(h[29:]))
+		rec.Len = int64(binary.LittleEndian.Uint64(h[37:]))
+		copy(rec.Sum[:], h[45:45+sha256.Size])
+		rec.Upto = int64(binary.LittleEndian.Uint64(h[45+sha256.Size:]))
+	}
+	if done < journalData || done > end || end-done > maxJournal ||
+		(rec != nil && (rec.Upto < done || rec.Upto > end)) {
+		return fmt.Errorf("logs: journal: inconsistent header (done %d, end %d)", done, end)
+	}
+	pending := make([]byte, end-done)
+	if _, err := j.f.ReadAt(pending, done); err != nil {
+		return fmt.Errorf("logs: journal: %w", err)
+	}
+	j.done, j.end, j.pending, j.rec = done, end, pending, rec
+	j.punched = max(j.punched, done-done%journalData)
+	return nil
+}
+
+// File is the memfd, for the worker to keep and a handoff to pass.
+func (j *Journal) File() *os.File { return j.f }
+
+// Close closes the memfd (the agent's copy).
+func (j *Journal) Close() error { return j.f.Close() }
+
+// writeHeader records done and, when rec is not nil, an append in flight.
+// Called with mu held, or before the Journal is shared.
+func (j *Journal) writeHeader(rec *Append) error {
+	var h [headerSize]byte
+	binary.LittleEndian.PutUint32(h[0:], journalMagic)
+	binary.LittleEndian.PutUint64(h[4:], uint64(j.done))
+	if rec != nil {
+		h[12] = 1
+		binary.LittleEndian.PutUint64(h[13:], rec.Dev)
+		binary.LittleEndian.PutUint64(h[21:], rec.Ino)
+		binary.LittleEndian.PutUint64(h[29:], uint64(rec.Off))
+		binary.LittleEndian.PutUint64(h[37:], uint64(rec.Len))
+		copy(h[45:], rec.Sum[:])
+		binary.LittleEndian.PutUint64(h[45+sha256.Size:], uint64(rec.Upto))
+	}
+	if _, err := j.f.WriteAt(h[:], 0); err != nil {
+		return fmt.Errorf("logs: journal: header: %w", err)
+	}
+	return nil
+}
+
+// record notes that data, which holds the journal's bytes up to upto, is
+// about to be appended at pos.
+func (j *Journal) record(pos FilePos, data []byte, upto int64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.writeHeader(&Append{Dev: pos.Dev, Ino: pos.Ino, Off: pos.Size, Len: int64(len(data)),
+		Sum: sha256.Sum256(data), Upto: upto})
+}
+
+// commit notes that the journal's bytes up to upto are in the log (or were
+// dropped, and counted), and gives back the memory of the pages done.
+func (j *Journal) commit(upto int64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.done = upto
+	err := j.writeHeader(nil)
+	if page := j.done - j.done%journalData; page-j.punched >= punchEvery || (page > j.punched && j.done == j.end) {
+		_ = unix.Fallocate(int(j.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, j.punched, page-j.punched)
+		j.punched = page
+	}
+	return err
+}
+
+// punchEvery is how many done bytes a journal keeps before giving their
+// pages back while it is not empty.
+const punchEvery = 256 << 10
+
+// FilePos is where an append to a log file starts: the file and its size.
+type FilePos struct {
+	Dev, Ino uint64
+	Size     int64
+}
+
+// fill moves what the pipe r holds (up to spliceMax) into the journal and
+// appends it to pending; it waits for r to be readable, and returns io.EOF
+// when r's writers are all gone and it is empty. A read deadline on r ends
+// the wait with os.ErrDeadlineExceeded.
+func (j *Journal) fill(r *os.File) error {
+	raw, err := r.SyscallConn()
+	if err != nil {
+		return err
+	}
+	jfd := int(j.f.Fd())
+	var n int64
+	var serr error
+	off := j.end
+	err = raw.Read(func(fd uintptr) bool {
+		n, serr = unix.Splice(int(fd), nil, jfd, &off, spliceMax, unix.SPLICE_F_NONBLOCK)
+		return !errors.Is(serr, unix.EAGAIN)
+	})
+	if err != nil {
+		return err
+	}
+	if serr != nil && !errors.Is(serr, unix.EINTR) {
+		return fmt.Errorf("logs: splice into the journal: %w", serr)
+	}
+	if n == 0 && serr == nil {
+		return io.EOF
+	}
+	if n <= 0 {
+		return nil
+	}
+	start := len(j.pending)
+	j.pending = append(j.pending, make([]byte, n)...)
+	if _, err := j.f.ReadAt(j.pending[start:], j.end); err != nil {
+		j.pending = j.pending[:start]
+		return fmt.Errorf("logs: journal: %w", err)
+	}
+	j.end += n
+	return nil
+}
+
+// add puts bytes read before (a partial line a previous agent had read into
+// its memory and handed over) at the journal's end.
+func (j *Journal) add(p []byte) error {
+	if len(p) == 0 {
+		return nil
+	}
+	if _, err := j.f.WriteAt(p, j.end); err != nil {
+		return fmt.Errorf("logs: journal: %w", err)
+	}
+	j.end += int64(len(p))
+	j.pending = append(j.pending, p...)
+	return nil
+}
+
+// CaptureJournaled is Capture for a worker's output pipe r that has a
+// journal: bytes go from r into j, and each batch of complete lines (and
+// chunks of over-long ones, as Capture cuts them) is given to fn line by
+// line, then written to sink (nil: none) and only then marked done in j.
+// No byte is ever held only in the agent's memory, so an agent SIGKILL
+// loses nothing and repeats nothing: the next agent settles the append j
+// records (Sink.Resolve) and reads on. pending is the start of a line a
+// previous agent without journals handed over. A read deadline on r (a
+// handoff pauses the reader) returns os.ErrDeadlineExceeded with the
+// partial line left in j; calling it again goes on. It returns nil at EOF,
+// after the last line.
+func CaptureJournaled(r *os.File, j *Journal, pending []byte, sink *Sink, maxLine int, line func(text string) Line, fn func(text string)) error {
+	if maxLine <= 0 {
+		maxLine = DefaultMaxLine
+	}
+	if err := j.load(); err != nil {
+		return err
+	}
+	if err := j.add(pending); err != nil {
+		return err
+	}
+	if j.rec != nil {
+		if err := j.settle(sink); err != nil {
+			return err
+		}
+	}
+	for {
+		if err := j.deliver(sink, maxLine, false, line, fn); err != nil {
+			return err
+		}
+		err := j.fill(r)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if err != nil {
+			if derr := j.deliver(sink, maxLine, true, line, fn); derr != nil {
+				return derr
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("logs: capture: %w", err)
+		}
+	}
+}
+
+// settle finds out whether the append j recorded (an agent died while it
+// was making it) is in sink's file: then its bytes are done.
+func (j *Journal) settle(sink *Sink) error {
+	rec := j.rec
+	j.rec = nil
+	if sink == nil || !sink.Resolve(rec) {
+		return j.commit(j.done) // not written: they are written again
+	}
+	j.pending = j.pending[:copy(j.pending, j.pending[rec.Upto-j.done:])]
+	return j.commit(rec.Upto)
+}
+
+// deliver hands the complete lines of pending (all of it when final) to fn
+// and sink, then marks them done.
+func (j *Journal) deliver(sink *Sink, maxLine int, final bool, line func(string) Line, fn func(string)) error {
+	var texts []string
+	k := deliver(j.pending, 0, maxLine, final, func(s string) { texts = append(texts, s) })
+	if k == 0 {
+		return nil
+	}
+	for _, t := range texts {
+		fn(t)
+	}
+	upto := j.done + int64(k)
+	if sink != nil {
+		lines := make([]Line, len(texts))
+		for i, t := range texts {
+			lines[i] = line(t)
+		}
+		sink.appendJournaled(j, lines, upto)
+	}
+	j.pending = j.pending[:copy(j.pending, j.pending[k:])]
+	return j.commit(upto)
+}
