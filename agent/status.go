@@ -61,7 +61,7 @@ func appStatus(rt *appRT) api.App {
 			app.Listen = append(app.Listen, l.URL)
 		}
 	}
-	app.Balance, app.Spares = s.Balance, s.Spares
+	app.Balance, app.Spares, app.Paused = s.Balance, s.Spares, apiPause(s.Paused)
 	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
 		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
 	}

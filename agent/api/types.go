@@ -47,7 +47,10 @@ type App struct {
 	// steer, with a warning.
 	Balance string `json:"balance"`
 	// Spares is how many of Workers are spares (not counted in Instances).
-	Spares    int      `json:"spares,omitempty"`
+	Spares int `json:"spares,omitempty"`
+	// Paused is the app's connection pause (deployd pause), absent when
+	// new connections reach the workers.
+	Paused    *Pause   `json:"paused,omitempty"`
 	Restarts  int      `json:"restarts"`
 	LastExit  string   `json:"last_exit,omitempty"`
 	LastLines []string `json:"last_lines,omitempty"`
@@ -329,10 +332,30 @@ type Releases struct {
 
 // Paths of the operations API (all POST, streamed).
 const (
-	PathScale = "/v1/scale"
-	PathStop  = "/v1/stop"
-	PathStart = "/v1/start"
+	PathScale  = "/v1/scale"
+	PathStop   = "/v1/stop"
+	PathStart  = "/v1/start"
+	PathPause  = "/v1/pause"  // body PauseRequest
+	PathResume = "/v1/resume" // body AppRequest
 )
+
+// PauseRequest is the body of POST /v1/pause: new connections of App wait
+// in the kernel until /v1/resume, or for MaxSeconds (> 0) at most.
+type PauseRequest struct {
+	App        string  `json:"app"`
+	MaxSeconds float64 `json:"max_seconds,omitempty"`
+}
+
+// Pause describes a connection pause in effect.
+type Pause struct {
+	SinceSeconds float64 `json:"since_seconds"` // how long it has lasted
+	// EndsInSeconds is how long until it ends by itself; absent without
+	// a maximum (it lasts until deployd resume).
+	EndsInSeconds *float64 `json:"ends_in_seconds,omitempty"`
+	// Queued connections wait; Backlog is how many can.
+	Queued  int `json:"queued"`
+	Backlog int `json:"backlog"`
+}
 
 // ScaleReset, as ScaleRequest.Instances, goes back to the config's
 // instances and drops the count `deployd scale` set.
