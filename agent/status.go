@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"time"
 
@@ -60,6 +61,10 @@ func appStatus(rt *appRT) api.App {
 			app.Listen = append(app.Listen, l.URL)
 		}
 	}
+	app.Balance, app.Spares, app.Paused = s.Balance, s.Spares, apiPause(s.Paused)
+	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
+		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
+	}
 	for _, w := range s.Workers {
 		app.Workers = append(app.Workers, apiWorker(w))
 	}
@@ -77,6 +82,7 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 		CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
 		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
 		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError, Connections: w.Connections,
+		Spare: w.Spare,
 	}
 	if w.Steered {
 		n := w.SteeredConnections

@@ -99,7 +99,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		OnUsageError:           usageError,
 		Commands: []*cli.Command{
 			agentCommand(), demoCommand(), statusCommand(), listCommand(), showCommand(), monitCommand(), dashboardCommand(), reloadCommand(), restartCommand(), logsCommand(),
-			scaleCommand(), stopCommand(), startCommand(), deleteCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
+			scaleCommand(), stopCommand(), startCommand(), pauseCommand(), resumeCommand(), deleteCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
 		},
 	}
 	setUsageError(app.Commands)

@@ -60,3 +60,51 @@ func stopCommand() *cli.Command {
 		},
 	}
 }
+
+func pauseCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "pause",
+		Usage:     "hold an app's new connections in the kernel until `deployd resume` (balance even or sticky)",
+		ArgsUsage: "APP",
+		Description: "New connections complete their handshake and wait in the kernel's accept queue\n" +
+			"(up to the listen backlog, net.core.somaxconn); the workers go on with the\n" +
+			"connections they have. `deployd resume APP`, or --max passing, hands the\n" +
+			"waiting connections to the workers in order: none is refused. Nothing sits on\n" +
+			"the data path. Needs balance = \"even\" or \"sticky\" (kernel steering); a shared\n" +
+			"app is refused. `deployd status` shows the pause and how many connections wait.\n" +
+			"Pausing a paused app sets its new --max. An agent upgrade or stop resumes.\n\n" +
+			"Examples: deployd pause web --max 30s   # run a migration, then: deployd resume web",
+		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "max", Usage: "resume by itself after `D` (default: only at deployd resume)"}),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP"); err != nil {
+				return err
+			}
+			app, max := c.Args().First(), c.Duration("max")
+			if max < 0 {
+				return fail(ExitUsage, "--max %s: give a positive duration, e.g. --max 30s", max)
+			}
+			return runStream(c, "pause", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+				return cl.Pause(cx, app, max, on)
+			})
+		},
+	}
+}
+
+func resumeCommand() *cli.Command {
+	return &cli.Command{
+		Name:        "resume",
+		Usage:       "end an app's pause: the connections that waited are served first",
+		ArgsUsage:   "APP",
+		Description: "Example: deployd resume web",
+		Flags:       clientFlags(jsonFlag),
+		Action: func(c *cli.Context) error {
+			if err := exactArgs(c, 1, "APP"); err != nil {
+				return err
+			}
+			app := c.Args().First()
+			return runStream(c, "resume", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+				return cl.Resume(cx, app, on)
+			})
+		},
+	}
+}

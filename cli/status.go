@@ -67,7 +67,7 @@ func printStatus(out io.Writer, st *api.Status) {
 	fmt.Fprintf(out, "agent %s pid %d up %s, rss %s, socket %s\n\n", st.Agent.Version, st.Agent.PID,
 		fmtDuration(st.Agent.UptimeSeconds), fmtBytes(st.Agent.RSSBytes), st.Agent.Socket)
 	if len(st.Apps) == 0 {
-		fmt.Fprintln(out, "no apps configured; add one with `deployd start app.js --port 3000` or an [apps.NAME] table in the config")
+		fmt.Fprintln(out, "no apps configured; add one with `deployd start app.js` or an [apps.NAME] table in the config")
 		return
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -95,6 +95,14 @@ func printStatus(out io.Writer, st *api.Status) {
 	for _, a := range st.Apps {
 		if a.Balance == "even" || a.Balance == "sticky" {
 			fmt.Fprintf(out, "\n%s: balance %s (a socket per worker, steered by the kernel)\n", a.Name, a.Balance)
+		}
+		if p := a.Paused; p != nil {
+			ends := "until `deployd resume " + a.Name + "`"
+			if p.EndsInSeconds != nil {
+				ends = "resumes by itself in " + fmtDuration(*p.EndsInSeconds) + ", or at `deployd resume " + a.Name + "`"
+			}
+			fmt.Fprintf(out, "\n%s: PAUSED for %s: %d new connections wait in the kernel (backlog %d); %s\n",
+				a.Name, fmtDuration(p.SinceSeconds), p.Queued, p.Backlog, ends)
 		}
 		for _, w := range a.Warnings {
 			fmt.Fprintf(out, "\n%s: warning: listener %s\n", a.Name, w)

@@ -320,6 +320,18 @@ func (c *Client) Scale(ctx context.Context, app, instances string, onEvent func(
 	return c.Stream(ctx, PathScale, ScaleRequest{App: app, Instances: instances}, onEvent)
 }
 
+// Pause makes app's new connections wait in the kernel until Resume, or
+// for max at most (0: no maximum).
+func (c *Client) Pause(ctx context.Context, app string, max time.Duration, onEvent func(Event)) (*Result, error) {
+	return c.Stream(ctx, PathPause, PauseRequest{App: app, MaxSeconds: max.Seconds()}, onEvent)
+}
+
+// Resume ends app's connection pause: the connections that waited are
+// served first.
+func (c *Client) Resume(ctx context.Context, app string, onEvent func(Event)) (*Result, error) {
+	return c.Stream(ctx, PathResume, AppRequest{App: app}, onEvent)
+}
+
 // StopApp stops app's workers until StartApp (persisted).
 func (c *Client) StopApp(ctx context.Context, app string, onEvent func(Event)) (*Result, error) {
 	return c.Stream(ctx, PathStop, AppRequest{App: app}, onEvent)

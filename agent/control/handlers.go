@@ -37,6 +37,8 @@ func (s *Server) handlers() map[string]http.HandlerFunc {
 		"POST " + api.PathStart:      appOp(s, (*agent.Agent).Start),
 		"POST " + api.PathPromote:    appOp(s, (*agent.Agent).Promote),
 		"POST " + api.PathAbort:      appOp(s, (*agent.Agent).Abort),
+		"POST " + api.PathPause:      streamed(s.pause, resultLine),
+		"POST " + api.PathResume:     appOp(s, (*agent.Agent).Resume),
 	}
 }
 
@@ -153,6 +155,10 @@ func (s *Server) deploy(r *http.Request, req api.DeployRequest, emit emitter) (*
 
 func (s *Server) rollback(r *http.Request, req api.RollbackRequest, emit emitter) (*api.DeployResult, error) {
 	return s.a.Rollback(r.Context(), req, emit)
+}
+
+func (s *Server) pause(r *http.Request, req api.PauseRequest, emit emitter) (*api.Result, error) {
+	return s.a.Pause(r.Context(), req, emit)
 }
 
 func (s *Server) scale(r *http.Request, req api.ScaleRequest, emit emitter) (*api.Result, error) {

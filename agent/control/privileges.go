@@ -67,6 +67,8 @@ var Privileges = []struct {
 	{"POST", api.PathStart, NeedMember},
 	{"POST", api.PathPromote, NeedMember},
 	{"POST", api.PathAbort, NeedMember},
+	{"POST", api.PathPause, NeedMember},
+	{"POST", api.PathResume, NeedMember},
 	{"POST", api.PathLogsRotate, NeedMember},
 	{"POST", api.PathLogsFlush, NeedMember},
 	{"POST", api.PathUpgrade, NeedMemberSigned},
