@@ -127,6 +127,7 @@ func checkTicks(t *testing.T, counts map[int]map[int]int, pids map[int]bool) {
 }
 
 func TestUpgradesAdoptWorkersUnderLoad(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	const instances = 2
 	a := NewAgentDir(t, bins, abruptApp(port, instances, ""))

@@ -18,7 +18,7 @@ import (
 // requests per reload in the compat harness.) Connections that never send a
 // request do not hold the drain up: every old worker exits 0 on its own.
 func TestUvicornDrainReloadsDropNothing(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	requireTool(t, "apt-get install python3-gunicorn python3-uvicorn", debianPython, "-c", "import gunicorn, uvicorn.workers")
 	for _, tc := range []struct {
 		name, ready string

@@ -20,6 +20,7 @@ var bins *Binaries
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	setParallel()
 	if testing.Short() {
 		fmt.Println("integration: skipped in -short mode")
 		os.Exit(0)
@@ -37,6 +38,19 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(bins.Dir)
 	os.Exit(code)
+}
+
+// setParallel makes go test run testParallel parallel tests at a time
+// (parallel.go) unless -parallel was given.
+func setParallel() {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", fmt.Sprint(testParallel)); err != nil {
+			fmt.Fprintln(os.Stderr, "integration: -parallel:", err)
+			os.Exit(1)
+		}
+	}
 }
 
 // appConfig is an [apps.web] table running the test app.
@@ -122,6 +136,7 @@ const identitiesMinPerWorker = 20
 // and one-connection-per-request clients.
 func startLoad(t *testing.T, port, clients int, d time.Duration) (stop func() (loadgen.Result, loadgen.Result)) {
 	t.Helper()
+	holdLoadSlot(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	ka, err := loadgen.Start(context.Background(), loadgen.Options{URL: url, Clients: clients, KeepAlive: true,
 		MaxRequests: 5_000_000, MaxDuration: d})

@@ -146,6 +146,7 @@ func formLoad(t *testing.T, o loadgen.Options, ka, nka int) func() (loadgen.Resu
 		return nil
 	}
 	o.MaxRequests, o.MaxDuration = 2_000_000, 4*time.Minute
+	holdLoadSlot(t)
 	var ls []*loadgen.Load
 	for _, c := range []struct {
 		n  int
@@ -184,24 +185,29 @@ func reloadForm(t *testing.T, js, extra string, o loadgen.Options, certDir func(
 }
 
 func TestNodeFdListen(t *testing.T) {
+	parallelUnderLoad(t)
 	reloadForm(t, fdApp, `ready = "node-ipc"`, loadgen.Options{}, nil)
 }
 
 func TestNodeFdListenServerClose(t *testing.T) {
+	parallelUnderLoad(t)
 	reloadForm(t, fdCloseApp, `ready = "node-ipc"`, loadgen.Options{}, nil)
 }
 
 func TestNodeHandleListen(t *testing.T) {
+	parallelUnderLoad(t)
 	reloadForm(t, handleApp, "", loadgen.Options{}, nil)
 }
 
 func TestNodeHTTPSFdListen(t *testing.T) {
+	parallelUnderLoad(t)
 	reloadForm(t, httpsApp, "", loadgen.Options{}, func(dir string) *tls.Config { return writeCert(t, dir) })
 }
 
 // Each keep-alive client keeps one HTTP/2 session open across the reloads'
 // GOAWAYs; each new-connection client opens a session per request.
 func TestNodeHTTP2FdListen(t *testing.T) {
+	parallelUnderLoad(t)
 	port, o := reloadForm(t, http2App, "", loadgen.Options{HTTP2: true}, func(dir string) *tls.Config { return writeCert(t, dir) })
 	tr := &http.Transport{TLSClientConfig: o.TLS, ForceAttemptHTTP2: true}
 	defer tr.CloseIdleConnections()
@@ -241,7 +247,7 @@ app.listen(port, () => {
 // while the event loop runs the others. The per-request timeout is 60 s,
 // far above the queue, so that a slow shared machine fails no request.
 func TestNodeCPUBoundRoute(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": cpuApp})
 	cfg := strings.Replace(nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), `stop_timeout = "15s"`, `stop_timeout = "60s"`, 1)
@@ -287,7 +293,7 @@ if (cluster.isMaster) {
 // The cluster app with instances = 2 runs exactly 2 processes, none with
 // children (the app takes its worker branch), and reloads dropping nothing.
 func TestNodeClusterApp(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": clusterApp})
 	var a *Agent

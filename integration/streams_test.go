@@ -134,7 +134,7 @@ func (c *sseClients) stop() {
 // gone by its stop_timeout. Meanwhile a keep-alive and a new-connection
 // load see no failed request.
 func TestNodeReloadDoesNotWaitForStreams(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	const instances, streams = 4, 20
 	const stopTimeout = 10 * time.Second
 	port := FreePort(t)
