@@ -33,7 +33,6 @@ const pageLag = 1500 * time.Millisecond
 // missing or wrong token gets 403; a user outside the privilege table gets
 // no dashboard.
 func TestDashboardInBrowser(t *testing.T) {
-	t.Parallel()
 	browser := chromiumPath(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, `env = { TESTAPP_STARTUP_DELAY = "700ms" }`)+
