@@ -69,7 +69,7 @@ func slotPIDs(st *api.Status, app string) map[int]int {
 }
 
 func TestAdoptedWorkersBehaveAsOwn(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
 	a.UseOwnBinary()
@@ -169,7 +169,7 @@ env = { TESTAPP_STARTUP_DELAY = "5s" }`))
 }
 
 func TestFailedUpgradeKeepsWorkersAndTheirLogs(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
 	a.UseOwnBinary()
@@ -226,7 +226,7 @@ env = { TESTAPP_ABRUPT_SIGTERM = "1", TESTAPP_TICK = "20ms", TESTAPP_NEVER_READY
 }
 
 func TestAgentKillAfterUpgradeLeavesNoWorkerUnsupervised(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	// Workers adopted through an upgrade keep their channels for a next
 	// agent too: the agent started after the SIGKILL adopts them again.

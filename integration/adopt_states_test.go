@@ -240,7 +240,7 @@ func TestSystemdReloadTakesEveryAppOverAsItIs(t *testing.T) {
 // what to do, and nothing changes; once the reload is done the upgrade
 // goes through.
 func TestUpgradeRefusedMidOperation(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 1, ""))
 	a.UseOwnBinary()

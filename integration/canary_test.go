@@ -270,7 +270,7 @@ func TestCanaryTimeoutAction(t *testing.T) {
 // during a deploy's hold, the next agent serves the release state.json
 // names (the previous one) on every worker, and holds nothing.
 func TestCanaryDeployHoldDiesWithTheAgent(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 2))
 	if r := a.CLI("deploy", "web", "--artifact", canaryArtifact(t, "1.0.0", ""), "--version", "1.0.0"); r.Code != 0 {

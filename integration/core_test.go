@@ -16,7 +16,7 @@ import (
 )
 
 func TestPoolServesOnePortWithDistinctWorkers(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 3, ""))
 	st := a.WaitFor("3 ready workers", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 3) })
@@ -37,7 +37,7 @@ func TestPoolServesOnePortWithDistinctWorkers(t *testing.T) {
 }
 
 func TestReadinessModes(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	for _, tc := range []struct{ name, ready, env string }{
 		{"notify", "notify", ""},
 		{"notify-from-child", "notify", `TESTAPP_NOTIFY_FROM_CHILD = "true"`},
@@ -67,7 +67,7 @@ func TestReadinessModes(t *testing.T) {
 }
 
 func TestNeverReadyWorkerStaysStarting(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 1, `env = { TESTAPP_NEVER_READY = "true" }`))
 	// The app serves, so once it answers it has had every chance to say READY=1.
@@ -100,7 +100,7 @@ func TestNeverReadyWorkerStaysStarting(t *testing.T) {
 }
 
 func TestCrashedWorkerIsReplacedInItsSlot(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, ""))
 	st := a.WaitFor("2 ready workers", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -148,7 +148,7 @@ func fdFlags(t *testing.T, pid int) int64 {
 }
 
 func TestListenerFlagsSurviveRestarts(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	// sleep never touches its fd 3, so /proc/PID/fdinfo/3 shows the flags
 	// exactly as the agent handed the socket over. (A Go worker would set
 	// O_NONBLOCK itself, as it does under systemd.)
@@ -189,7 +189,7 @@ backoff = "10ms"
 }
 
 func TestCrashLoopMakesAppErrored(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 1, `env = { TESTAPP_EXIT_BEFORE_READY = "7" }
 [apps.web.restart]
@@ -220,7 +220,7 @@ window = "1m"`))
 }
 
 func TestRestartCommandClearsErrored(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	marker := t.TempDir() + "/fixed"
 	// The app crashes until the marker file exists.
@@ -246,7 +246,7 @@ max_restarts = 2
 }
 
 func TestAgentSIGTERMStopsEverything(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, "")+`[apps.side]
 command = ["%TESTAPP%"]
@@ -290,7 +290,7 @@ listen = ["unix://%DIR%/side.sock"]
 }
 
 func TestStatusJSONShape(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, ""))
 	a.WaitFor("2 ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })

@@ -180,7 +180,7 @@ func tarball(t *testing.T, entries []*tar.Header, content map[string]string) str
 }
 
 func TestDeployRefusesBadInput(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 1)+appConfig("plain", FreePort(t), 1, ""))
 	good := artifactDir(t, "1.0.0", false)

@@ -245,6 +245,7 @@ func (s *syncBuffer) String() string {
 // added) without starting anything. %SOCKET% and %DIR% are replaced.
 func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
 	t.Helper()
+	checkSlot(t)
 	NoteSources()
 	dir, err := os.MkdirTemp("", "deployd-it-")
 	if err != nil {

@@ -137,7 +137,7 @@ func TestHungWorkerFailingLivenessIsReplaced(t *testing.T) {
 // health listener too: ready = "http:/healthz" gates its reloads, and its
 // liveness checks pass.
 func TestGunicornHTTPHealth(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requireTool(t, "apt-get install python3-gunicorn", debianPython, "-c", "import gunicorn")
 	port := FreePort(t)
 	app := func(ver, mode string) string {
@@ -207,7 +207,7 @@ func TestNodeHTTPHealth(t *testing.T) {
 // The Go guide's example (worker.ServeHTTP, nothing else) answers the
 // health checks on the health listener with its own handler.
 func TestGoPackageServesHealth(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	path := goApp(t)
 	port := FreePort(t)
 	extra := "ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"1s\"\ntimeout = \"1s\"\n"
@@ -227,7 +227,7 @@ func TestGoPackageServesHealth(t *testing.T) {
 // Puma with --bind-to-activated-sockets only serves every socket in
 // LISTEN_FDS, the health listener (a unix socket) too.
 func TestPumaHTTPHealth(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requireTool(t, "apt-get install puma", "ruby", "-e", `require "puma"`)
 	port := FreePort(t)
 	app := func(ver, mode string) string {
@@ -253,7 +253,7 @@ timeout = "1s"
 
 // gunicorn with uvicorn's worker class serves the health listener too.
 func TestGunicornUvicornWorkerHTTPHealth(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requireTool(t, "apt-get install python3-gunicorn python3-uvicorn", debianPython, "-c", "import gunicorn, uvicorn.workers")
 	port := FreePort(t)
 	app := func(ver string) string {
@@ -333,7 +333,7 @@ func TestAdoptedWorkersKeepTheirHealthChecks(t *testing.T) {
 // config check says which fd an app's health listener is, and warns for a
 // command that serves only fd 3 (exit 0: a warning changes nothing).
 func TestConfigCheckTellsAboutHealthListener(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, healthApp(port, 2, "v1", "", "[apps.web.health]\nfailures = 2\n")+
 		fmt.Sprintf(`[apps.api]

@@ -201,7 +201,7 @@ func TestDeployHooks(t *testing.T) {
 
 // Hooks run as the app's user, who can write in the new release folder.
 func TestDeployHooksRunAsAppUser(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, strings.Replace(hooksApp(port, 1, ""), "# user", fmt.Sprintf("user = %q", m.Name), 1))
@@ -220,7 +220,7 @@ func TestDeployHooksRunAsAppUser(t *testing.T) {
 // hook only once the canary is promoted (the release then serves on every
 // worker), not at the hold.
 func TestCanaryDeployRunsAfterHookAtPromote(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, hooksApp(port, 2, ""))
 	if r := a.CLI("deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, "true"), "--version", "1.0.0"); r.Code != 0 {
@@ -277,7 +277,7 @@ func TestCanaryDeployRunsAfterHookAtPromote(t *testing.T) {
 // agent, tracked: an upgrade that starts while it runs waits for its end,
 // and so does a shutdown; the agent log has each end.
 func TestPromotedCanaryAfterHookIsWaitedFor(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	cfg := strings.Replace(hooksApp(port, 2, ""), "# user", "canary_timeout = \"1s\"\ncanary_action = \"promote\"", 1)
 	a := StartAgent(t, bins, cfg)
@@ -331,7 +331,7 @@ func TestPromotedCanaryAfterHookIsWaitedFor(t *testing.T) {
 // refusal names the process, and the daemon is gone when the deploy
 // returns. Nothing changed: the previous release serves.
 func TestHookDaemonIsKilledAndNamed(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, hooksApp(port, 1, ""))
 	if r := a.CLIWithin(60*time.Second, "deploy", "web", "--artifact", hookRelease(t, "1.0.0", goodBefore, "true"), "--version", "1.0.0"); r.Code != 0 {

@@ -20,7 +20,10 @@ var bins *Binaries
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	setParallel()
+	if err := setParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		os.Exit(1)
+	}
 	if testing.Short() {
 		fmt.Println("integration: skipped in -short mode")
 		os.Exit(0)
@@ -38,19 +41,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(bins.Dir)
 	os.Exit(code)
-}
-
-// setParallel makes go test run testParallel parallel tests at a time
-// (parallel.go) unless -parallel was given.
-func setParallel() {
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given {
-		if err := flag.Set("test.parallel", fmt.Sprint(testParallel)); err != nil {
-			fmt.Fprintln(os.Stderr, "integration: -parallel:", err)
-			os.Exit(1)
-		}
-	}
 }
 
 // appConfig is an [apps.web] table running the test app.

@@ -53,7 +53,7 @@ func wsFrame(br *bufio.Reader) (op byte, payload []byte, err error) {
 // body ends, the WebSocket gets a close frame 1001 "going away", and the
 // reload is done without waiting for them.
 func TestNodeReloadEndsLongLivedStreams(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallel(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": streamsApp})
 	if err := os.Symlink(filepath.Join(nodeFixtures(t), "node_modules", "ws"), filepath.Join(dir, "node_modules", "ws")); err != nil {

@@ -297,7 +297,7 @@ func TestNodeNpmStart(t *testing.T) {
 }
 
 func TestNodeUnlistedPortIsAClearError(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port, other := FreePort(t), FreePort(t)
 	dir := nodeApp(t, "express5", other, map[string]string{"app.js": tutorialApp})
 	a := StartAgent(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, 1, ""))
@@ -326,7 +326,7 @@ func TestNodeUnlistedPortIsAClearError(t *testing.T) {
 }
 
 func TestNodeReloadToAnUnlistedPortIsAbandoned(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port, other := FreePort(t), FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp})
 	a := StartAgent(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, 1, ""))

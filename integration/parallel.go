@@ -1,6 +1,9 @@
 package integration
 
 import (
+	"flag"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -9,47 +12,114 @@ import (
 // Most tests here spend their time waiting on processes and timers
 // (agents and workers starting, readiness, drains, a crash loop's
 // backoff, a canary's timeout, Node.js, Python and ansible-playbook
-// start-ups), not on the CPU. They call t.Parallel(), and TestMain runs up
-// to testParallel of them at a time (go test's default is GOMAXPROCS, 2 on
-// CI's machine; an explicit -parallel wins). Each test has its own agent,
-// folder and ports (FreePort, outside the range outgoing connections take
-// theirs from), and none uses t.Setenv or os.Chdir: the agent's environment
-// is Agent.Env.
+// start-ups), not on the CPU. They call parallel(t), and up to
+// testParallel of them run at a time (-parallel N sets that number). Each
+// test has its own agent, folder and ports (FreePort, outside the range
+// outgoing connections take theirs from), and none uses t.Setenv or
+// os.Chdir: the agent's environment is Agent.Env.
 //
 // A test whose load generator runs flat out (startLoad and the like: as
 // many requests as the CPU allows) calls parallelUnderLoad instead: at most
 // loadSlots such tests run at once, so that their loads and the drains they
-// watch are not starved. Tests that measure time on the agent's side with a
-// tight bound (a refusal "at once"), the agent's own descriptors, memory or
-// threads under a flood, or a throughput stay serial; go test runs them
-// first, each alone.
+// watch are not starved. A test waiting for a load slot holds no run slot,
+// so the other tests go on meanwhile; that is why the slots are counted
+// here and not by go test's -parallel, which TestMain sets past the number
+// of tests.
+//
+// Tests that measure time on the agent's side with a tight bound (a
+// refusal "at once", a page's lag), the agent's own descriptors, memory or
+// threads, or a throughput stay serial; go test runs them first, each
+// alone.
 const testParallel = 6
 
-// loadSlots: see above. A test holds its slot until it ends.
-var loadSlots = make(chan struct{}, 2)
+// runSlots and loadSlots: see above. A test holds its slots until it ends.
+var (
+	runSlots  chan struct{} // made by TestMain (setParallel)
+	loadSlots = make(chan struct{}, 2)
+	// slotsHeld are the top-level tests holding a run slot ("run") or
+	// a load slot ("load").
+	slotsHeld sync.Map
+)
 
-// loadHolders are the top-level tests holding a slot.
-var loadHolders sync.Map
-
-// parallelUnderLoad is t.Parallel() for a test that puts load on the
-// machine: it then waits for a load slot.
-func parallelUnderLoad(t *testing.T) {
+// parallel is t.Parallel() for the tests of this package: it then waits
+// for a run slot.
+func parallel(t *testing.T) {
 	t.Parallel()
-	holdLoadSlot(t)
+	takeSlot(t, "run", runSlots)
 }
 
-// holdLoadSlot takes a load slot for t's top-level test unless it holds
-// one. The load helpers call it too, so that a parallel test that forgot
-// parallelUnderLoad still waits for a slot (then with its agent running);
-// a serial test runs alone and finds them free.
-func holdLoadSlot(t testing.TB) {
-	top, _, _ := strings.Cut(t.Name(), "/")
-	if _, held := loadHolders.LoadOrStore(top, true); held {
+// parallelUnderLoad is t.Parallel() for a test that puts load on the
+// machine: it waits for a load slot, then a run slot.
+func parallelUnderLoad(t *testing.T) {
+	t.Parallel()
+	takeSlot(t, "load", loadSlots)
+	takeSlot(t, "run", runSlots)
+}
+
+// takeSlot waits for a slot of slots and holds it, as kind, until t ends.
+func takeSlot(t testing.TB, kind string, slots chan struct{}) {
+	key := topName(t) + " " + kind
+	if _, held := slotsHeld.LoadOrStore(key, true); held {
 		return
 	}
-	loadSlots <- struct{}{}
+	slots <- struct{}{}
 	t.Cleanup(func() {
-		loadHolders.Delete(top)
-		<-loadSlots
+		slotsHeld.Delete(key)
+		<-slots
 	})
+}
+
+// holdLoadSlot is called by the load helpers. A test that runs alone
+// takes the load slot (they are all free then); a parallel test must have
+// taken one with parallelUnderLoad: waiting for it while holding a run
+// slot could wait for ever.
+func holdLoadSlot(t testing.TB) {
+	t.Helper()
+	top := topName(t)
+	if _, ok := slotsHeld.Load(top + " load"); ok {
+		return
+	}
+	if _, ok := slotsHeld.Load(top + " run"); ok {
+		t.Fatalf("%s puts load on the machine: it must call parallelUnderLoad(t), not parallel(t) (integration/parallel.go)", top)
+	}
+	takeSlot(t, "load", loadSlots)
+}
+
+// checkSlot fails a test that runs beside parallel ones without a run
+// slot: one that called t.Parallel() itself instead of parallel(t).
+// (Serial tests run before every parallel one.)
+func checkSlot(t testing.TB) {
+	t.Helper()
+	top := topName(t)
+	if _, ok := slotsHeld.Load(top + " run"); ok {
+		return
+	}
+	others := false
+	slotsHeld.Range(func(k, _ any) bool { others = strings.HasSuffix(k.(string), " run"); return !others })
+	if others {
+		t.Fatalf("%s runs in parallel without a run slot: call parallel(t) or parallelUnderLoad(t), not t.Parallel() (integration/parallel.go)", top)
+	}
+}
+
+// topName is the name of t's top-level test.
+func topName(t testing.TB) string {
+	top, _, _ := strings.Cut(t.Name(), "/")
+	return top
+}
+
+// setParallel makes go test start every parallel test at once (they then
+// wait for a slot here) and sizes runSlots: testParallel, or -parallel N.
+// TestMain calls it after flag.Parse.
+func setParallel() error {
+	n := testParallel
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "test.parallel" {
+			n, _ = strconv.Atoi(f.Value.String())
+		}
+	})
+	if n < 1 {
+		return fmt.Errorf("-parallel %d: want at least 1", n)
+	}
+	runSlots = make(chan struct{}, n)
+	return flag.Set("test.parallel", "1000")
 }

@@ -47,7 +47,7 @@ func startMemberAgent(t *testing.T, m *member, agentExtra, apps string) *Agent {
 }
 
 func TestMemberUnsignedUpgradeNeverRuns(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	m := newMember(t)
 	_, priv, err := minisign.GenerateKey(rand.Reader)
 	if err != nil {
@@ -114,7 +114,7 @@ var trustedPub, trustedPriv = func() (string, minisign.PrivateKey) {
 func trustedKey(*testing.T) string { return trustedPub }
 
 func TestMemberSignedUpgradeWorks(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := startMemberAgent(t, m, fmt.Sprintf("upgrade_public_key = %q\nupgrade_timeout = \"20s\"", trustedKey(t)),
@@ -147,7 +147,7 @@ func TestMemberSignedUpgradeWorks(t *testing.T) {
 }
 
 func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := startMemberAgent(t, m, "", releasesApp(port, 1)+memberRootKey)
@@ -218,7 +218,7 @@ func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
 }
 
 func TestMemberDeploysOwnArtifactAndRunsApps(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := startMemberAgent(t, m, "", releasesApp(port, 1)+memberRootKey)

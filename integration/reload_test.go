@@ -224,7 +224,7 @@ func TestConcurrentReloadIsRefused(t *testing.T) {
 }
 
 func TestReloadWithInvalidConfigChangesNothing(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })

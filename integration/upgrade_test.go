@@ -122,7 +122,7 @@ func script(t *testing.T, body string) string {
 }
 
 func TestRefusedUpgradesKeepOldAgent(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	pub, priv, err := minisign.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestRefusedUpgradesKeepOldAgent(t *testing.T) {
 }
 
 func TestSIGHUPWithInvalidConfigKeepsServing(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 1, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
