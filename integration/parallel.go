@@ -56,6 +56,16 @@ func parallelUnderLoad(t *testing.T) {
 	takeSlot(t, "run", runSlots)
 }
 
+// parallelFirst is t.Parallel() for the longest test, which waits minutes
+// on processes (ansible-playbook): it runs from the start, beside the
+// run slots' tests, instead of waiting for a slot and finishing last.
+func parallelFirst(t *testing.T) {
+	t.Parallel()
+	key := topName(t) + " run"
+	slotsHeld.Store(key, true)
+	t.Cleanup(func() { slotsHeld.Delete(key) })
+}
+
 // takeSlot waits for a slot of slots and holds it, as kind, until t ends.
 func takeSlot(t testing.TB, kind string, slots chan struct{}) {
 	key := topName(t) + " " + kind
