@@ -20,6 +20,7 @@ import (
 // none missing. When the agent shuts down the follow ends, saying why, with
 // exit 1.
 func TestLogsFollowAcrossAnUpgrade(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
 	a.UseOwnBinary()

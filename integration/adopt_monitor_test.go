@@ -65,6 +65,7 @@ func workerOf(st *api.Status, app string, pid int) (api.Worker, bool) {
 // STATUS=, WATCHDOG=1 and STOPPING=1 — and status and metrics carry their
 // counters, CPU and RSS; an adopted worker that stops pinging is replaced.
 func TestAdoptedWorkersKeepNotifyAndWatchdog(t *testing.T) {
+	parallel(t)
 	mport, port := FreePort(t), FreePort(t)
 	a := NewAgentDir(t, bins, fmt.Sprintf("metrics = \"127.0.0.1:%d\"\n\n", mport)+
 		appConfig("web", port, 2, `watchdog = "1s"

@@ -40,6 +40,7 @@ app.listen(port, () => {
 // their "STATUS=draining" shows in the new agent's status. The reload's new
 // workers get ready through process.send('ready'); no request fails.
 func TestNodeWorkersAdoptedAcrossUpgrades(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": ipcApp})
 	a := NewAgentDir(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, 2, `ready = "node-ipc"`))

@@ -69,6 +69,7 @@ func slotPIDs(st *api.Status, app string) map[int]int {
 }
 
 func TestAdoptedWorkersBehaveAsOwn(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
 	a.UseOwnBinary()
@@ -129,6 +130,7 @@ func TestAdoptedWorkersBehaveAsOwn(t *testing.T) {
 }
 
 func TestUpgradeDoesNotWaitForSlowApps(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 2, `ready_timeout = "30s"
 env = { TESTAPP_STARTUP_DELAY = "5s" }`))
@@ -167,6 +169,7 @@ env = { TESTAPP_STARTUP_DELAY = "5s" }`))
 }
 
 func TestFailedUpgradeKeepsWorkersAndTheirLogs(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, abruptApp(port, 2, ""))
 	a.UseOwnBinary()
@@ -223,6 +226,7 @@ env = { TESTAPP_ABRUPT_SIGTERM = "1", TESTAPP_TICK = "20ms", TESTAPP_NEVER_READY
 }
 
 func TestAgentKillAfterUpgradeLeavesNoWorkerUnsupervised(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	// Workers adopted through an upgrade keep their channels for a next
 	// agent too: the agent started after the SIGKILL adopts them again.
@@ -252,6 +256,7 @@ func TestAgentKillAfterUpgradeLeavesNoWorkerUnsupervised(t *testing.T) {
 // succeed, the pool must come back whole, and no worker seen on the way
 // may be left running unsupervised.
 func TestUpgradesWhileWorkersAreKilled(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 3, `[apps.web.restart]
 max_restarts = 1000`))

@@ -140,6 +140,7 @@ func checkStatesKept(t *testing.T, step string, before, after *api.Status) {
 // app loses no request and keeps its pids, the others keep their state and
 // counters (the crash loop's go on under the new agent).
 func TestUpgradeTakesEveryAppOverAsItIs(t *testing.T) {
+	parallelUnderLoad(t)
 	web, bad, broken, idle := FreePort(t), FreePort(t), FreePort(t), FreePort(t)
 	a := NewAgentDir(t, bins, statesConfig(web, bad, broken, idle))
 	a.UseOwnBinary()
@@ -190,6 +191,7 @@ func summary(before, after *api.Status) string {
 // ExecReload=/bin/kill -HUP $MAINPID, with MAINPID the last one the agent
 // announced. Twice: the second reload reaches the agent that took over.
 func TestSystemdReloadTakesEveryAppOverAsItIs(t *testing.T) {
+	parallelUnderLoad(t)
 	web, bad, broken, idle := FreePort(t), FreePort(t), FreePort(t), FreePort(t)
 	a := NewAgentDir(t, bins, statesConfig(web, bad, broken, idle))
 	notify := listenNotify(t, a.Dir)
@@ -238,6 +240,7 @@ func TestSystemdReloadTakesEveryAppOverAsItIs(t *testing.T) {
 // what to do, and nothing changes; once the reload is done the upgrade
 // goes through.
 func TestUpgradeRefusedMidOperation(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 1, ""))
 	a.UseOwnBinary()

@@ -24,6 +24,7 @@ import (
 // scaled to 3), and cope with what was left on disk: a stale control
 // socket file, a stale unix socket of an app, and state.json.
 func TestAgentKillLeavesNoOrphansAndRestartsClean(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 2, "")+`[apps.side]
 command = ["%TESTAPP%"]

@@ -221,7 +221,7 @@ func (f *fleet) requireChanged(what string, changed map[string]int, want func(ho
 // a time, stops at the first host where a release fails readiness, rolls
 // back, changes nothing on a second run, and upgrades the agents in place.
 func TestAnsibleFleet(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelFirst(t) // see parallel.go
 	f := newFleet(t, 3)
 	sum1 := fileSHA256(t, bins.Deployd)
 	install := []string{"deployd_binary_src=" + bins.Deployd, "deployd_binary_sha256=" + sum1, "deployd_serial=3"}

@@ -12,7 +12,7 @@ import (
 // the default restart settings (issue 17: it used to restart for minutes),
 // and the text status shows its last exit status and last output line.
 func TestDefaultsErrorACrashLoopWithinAMinute(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallel(t) // see parallel.go
 	port := FreePort(t)
 	t0 := time.Now()
 	a := StartAgent(t, bins, appConfig("web", port, 2, `env = { TESTAPP_EXIT_BEFORE_READY = "7" }`))

@@ -99,6 +99,7 @@ func checkGated(t *testing.T, a *Agent, port int, app func(ver, mode string) str
 // Puma's systemd plugin (sd_notify gem) needs NOTIFY_SOCKET to be a path;
 // with it Puma starts, reports READY=1, reloads and is ready-gated.
 func TestPumaReadyNotify(t *testing.T) {
+	parallel(t)
 	requireTool(t, "apt-get install puma ruby-sd-notify", "ruby", "-e", `require "sd_notify"; require "puma"`)
 	port := FreePort(t)
 	app := func(ver, mode string) string {
@@ -115,6 +116,7 @@ func TestPumaReadyNotify(t *testing.T) {
 
 // gunicorn sends READY=1 itself (after importing the app, with --preload).
 func TestGunicornReadyNotify(t *testing.T) {
+	parallel(t)
 	requireTool(t, "apt-get install python3-gunicorn", debianPython, "-c", "import gunicorn")
 	port := FreePort(t)
 	app := func(ver, mode string) string {
@@ -135,6 +137,7 @@ var notifyLine = regexp.MustCompile(`notify=(\S+) mode=(\d+) uid=(\d+)`)
 // and the connections the worker accepts have TCP_NODELAY, or not with
 // tcp_nodelay = false.
 func TestNotifyPathAndTCPNoDelay(t *testing.T) {
+	parallel(t)
 	requireTool(t, "apt-get install python3-sdnotify", debianPython, "-c", "import sdnotify")
 	port := FreePort(t)
 	app := func(extra string) string {

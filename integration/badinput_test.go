@@ -46,6 +46,7 @@ func runAgentExpectingFailure(t *testing.T, body string) (int, string) {
 }
 
 func TestAgentRefusesBadInput(t *testing.T) {
+	parallel(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +93,7 @@ listen = ["http://127.0.0.1:80"]
 }
 
 func TestConfigCheck(t *testing.T) {
+	parallel(t)
 	a := NewAgentDir(t, bins, appConfig("web", FreePort(t), 2, ""))
 	if r := a.CLI("config", "check", "-c", a.Config); r.Code != 0 || !strings.Contains(r.Stdout, "ok") {
 		t.Errorf("config check of a good file: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
@@ -104,6 +106,7 @@ func TestConfigCheck(t *testing.T) {
 }
 
 func TestUnreachableAgentExit3(t *testing.T) {
+	parallel(t)
 	a := NewAgentDir(t, bins, "")
 	r := a.CLI("status")
 	if r.Code != 3 || !strings.Contains(r.Stderr, a.Socket) {
@@ -112,6 +115,7 @@ func TestUnreachableAgentExit3(t *testing.T) {
 }
 
 func TestOtherUIDIsRefused(t *testing.T) {
+	parallel(t)
 	if os.Getuid() != 0 {
 		skipOrFail(t, "needs root to run a client as nobody")
 	}
@@ -141,6 +145,7 @@ func TestOtherUIDIsRefused(t *testing.T) {
 }
 
 func TestControlAPIRejectsBadRequests(t *testing.T) {
+	parallel(t)
 	a := StartAgent(t, bins, appConfig("web", FreePort(t), 1, ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
 	raw := func(method, path, body string) (int, string) {
@@ -179,6 +184,7 @@ func TestControlAPIRejectsBadRequests(t *testing.T) {
 }
 
 func TestDemoServes(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	port := FreePort(t)
 	sock := filepath.Join(dir, "demo.sock")

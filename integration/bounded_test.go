@@ -44,6 +44,7 @@ func deployPath(t *testing.T, a *Agent, path, version string) {
 // the app's user puts in a release folder as its record changes nothing
 // either: releases and rollback answer from the agent's own records.
 func TestRollbackToIsAnInstalledVersion(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 1))
 	deployPath(t, a, artifactDir(t, "1.0.0", false), "1.0.0")
@@ -114,6 +115,7 @@ func TestRollbackToIsAnInstalledVersion(t *testing.T) {
 // A deploy cut short (agent killed mid-install) leaves a staging folder;
 // the next agent removes it when it starts, and keeps the releases.
 func TestAgentStartRemovesStagingLeftovers(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 1))
 	deployPath(t, a, artifactDir(t, "1.0.0", false), "1.0.0")
@@ -136,6 +138,7 @@ func TestAgentStartRemovesStagingLeftovers(t *testing.T) {
 // the app's lock only until stream_timeout: the deploy is refused, naming
 // why, and root's restart, which it made "busy", then works.
 func TestDeployOfAPipeNeverWrittenGivesUp(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, "stream_timeout = \"2s\"\n\n"+releasesApp(port, 1))
 	deployPath(t, a, artifactDir(t, "1.0.0", false), "1.0.0")

@@ -59,6 +59,7 @@ func requireRefusedDuringHold(t *testing.T, a *Agent, args ...string) {
 // new-connection load at once: no request fails, both versions serve during
 // the hold, and every other operation is refused meanwhile.
 func TestCanaryHoldPromoteAbortUnderLoad(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -153,6 +154,7 @@ func canaryArtifact(t *testing.T, version, flags string) string {
 // the hold aborts it by itself: its release is marked failed, the previous
 // one serves everywhere, and promote says what happened.
 func TestCanaryDeployCrashAbortsByItself(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 2))
 	if r := a.CLI("deploy", "web", "--artifact", canaryArtifact(t, "1.0.0", ""), "--version", "1.0.0"); r.Code != 0 {
@@ -224,7 +226,7 @@ func TestCanaryDeployCrashAbortsByItself(t *testing.T) {
 
 // canary_timeout ends a hold by itself with canary_action; status shows it.
 func TestCanaryTimeoutAction(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -268,6 +270,7 @@ func TestCanaryTimeoutAction(t *testing.T) {
 // during a deploy's hold, the next agent serves the release state.json
 // names (the previous one) on every worker, and holds nothing.
 func TestCanaryDeployHoldDiesWithTheAgent(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 2))
 	if r := a.CLI("deploy", "web", "--artifact", canaryArtifact(t, "1.0.0", ""), "--version", "1.0.0"); r.Code != 0 {

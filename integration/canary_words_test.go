@@ -13,6 +13,7 @@ import (
 // (not "holds no canary"); a promote that succeeded is logged as done, at
 // INFO.
 func TestCanaryStartingWords(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 2))
 	if r := a.CLIWithin(60*time.Second, "deploy", "web", "--artifact", artifactDir(t, "1.0.0", false), "--version", "1.0.0"); r.Code != 0 {

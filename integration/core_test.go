@@ -16,6 +16,7 @@ import (
 )
 
 func TestPoolServesOnePortWithDistinctWorkers(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 3, ""))
 	st := a.WaitFor("3 ready workers", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 3) })
@@ -36,6 +37,7 @@ func TestPoolServesOnePortWithDistinctWorkers(t *testing.T) {
 }
 
 func TestReadinessModes(t *testing.T) {
+	parallel(t)
 	for _, tc := range []struct{ name, ready, env string }{
 		{"notify", "notify", ""},
 		{"notify-from-child", "notify", `TESTAPP_NOTIFY_FROM_CHILD = "true"`},
@@ -65,6 +67,7 @@ func TestReadinessModes(t *testing.T) {
 }
 
 func TestNeverReadyWorkerStaysStarting(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 1, `env = { TESTAPP_NEVER_READY = "true" }`))
 	// The app serves, so once it answers it has had every chance to say READY=1.
@@ -97,6 +100,7 @@ func TestNeverReadyWorkerStaysStarting(t *testing.T) {
 }
 
 func TestCrashedWorkerIsReplacedInItsSlot(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, ""))
 	st := a.WaitFor("2 ready workers", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -144,6 +148,7 @@ func fdFlags(t *testing.T, pid int) int64 {
 }
 
 func TestListenerFlagsSurviveRestarts(t *testing.T) {
+	parallel(t)
 	// sleep never touches its fd 3, so /proc/PID/fdinfo/3 shows the flags
 	// exactly as the agent handed the socket over. (A Go worker would set
 	// O_NONBLOCK itself, as it does under systemd.)
@@ -184,6 +189,7 @@ backoff = "10ms"
 }
 
 func TestCrashLoopMakesAppErrored(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 1, `env = { TESTAPP_EXIT_BEFORE_READY = "7" }
 [apps.web.restart]
@@ -214,6 +220,7 @@ window = "1m"`))
 }
 
 func TestRestartCommandClearsErrored(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	marker := t.TempDir() + "/fixed"
 	// The app crashes until the marker file exists.
@@ -239,6 +246,7 @@ max_restarts = 2
 }
 
 func TestAgentSIGTERMStopsEverything(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, "")+`[apps.side]
 command = ["%TESTAPP%"]
@@ -282,6 +290,7 @@ listen = ["unix://%DIR%/side.sock"]
 }
 
 func TestStatusJSONShape(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, ""))
 	a.WaitFor("2 ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })

@@ -29,6 +29,7 @@ func killAgentAndRestart(t *testing.T, a *Agent, instances int) *api.Status {
 // channels: node still sees its IPC channel connected, and the adopted
 // worker's crash is supervised (its slot restarts).
 func TestAgentKillAdoptsNodeWorkers(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": ipcApp})
 	a := NewAgentDir(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, 2, `ready = "node-ipc"`))
@@ -71,6 +72,7 @@ func TestAgentKillAdoptsNodeWorkers(t *testing.T) {
 // adopts workers with a health socket and probes them again: a worker whose
 // health path hangs is replaced, the other one kept.
 func TestAgentKillResumesHealthChecks(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	const instances = 2
 	health := "[apps.web.health]\ninterval = \"500ms\"\ntimeout = \"500ms\"\nfailures = 3\n"

@@ -17,6 +17,7 @@ import (
 // next agent adopts it: no failed request, the same pids throughout, every
 // tick line in the log exactly once.
 func TestAgentKillsAdoptWorkersUnderLoad(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	const instances, kills = 2, 5
 	a := NewAgentDir(t, bins, abruptApp(port, instances, ""))
@@ -96,6 +97,7 @@ func checkTicksAcrossKills(t *testing.T, counts map[int]map[int]int, pids map[in
 // them (0 failed requests, the same pids, every tick line once). Then
 // `systemctl stop` still stops every worker through the agent.
 func TestRealSystemdAgentKillsAdoptWorkers(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	const instances, kills = 2, 3
 	a := NewAgentDir(t, bins, abruptApp(port, instances, ""))

@@ -79,6 +79,7 @@ func requireVersion(t *testing.T, a *Agent, port int, want string) {
 }
 
 func TestDeployFailRollbackRestart(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 2))
 	if st := a.App("web").State; st != "no release" {
@@ -179,6 +180,7 @@ func tarball(t *testing.T, entries []*tar.Header, content map[string]string) str
 }
 
 func TestDeployRefusesBadInput(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, releasesApp(port, 1)+appConfig("plain", FreePort(t), 1, ""))
 	good := artifactDir(t, "1.0.0", false)

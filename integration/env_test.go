@@ -35,6 +35,7 @@ func hasVar(env []string, kv string) bool {
 // user or as root; env_file and env_inherit bring what an app needs, and
 // an env_file another user could write is refused with what to do.
 func TestAgentSecretsStayWithTheAgent(t *testing.T) {
+	parallel(t)
 	m := newMember(t) // skips unless root
 	port, rootPort := FreePort(t), FreePort(t)
 	secret := fmt.Sprintf("agent-secret-%d", time.Now().UnixNano())

@@ -10,11 +10,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -105,15 +107,75 @@ func BuildAll() (*Binaries, error) {
 	return b, nil
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago, never
+// the same twice in one test run. It is taken below the kernel's range of
+// ephemeral ports (net.ipv4.ip_local_port_range), which outgoing
+// connections take their local ports from: tests run in parallel, and
+// another test's load (thousands of new connections a second) could
+// otherwise take the port between FreePort and the agent's bind.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freePorts.take()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
+}
+
+// portRange is FreePort's range of ports, [lo, lo+n), and the offset of
+// the next one to try.
+type portRange struct {
+	once  sync.Once
+	mu    sync.Mutex
+	lo, n int
+	next  int
+}
+
+var freePorts portRange
+
+// take returns the next port of the range that a listener can bind.
+func (r *portRange) take() (int, error) {
+	r.once.Do(r.init)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for range r.n {
+		p := r.lo + r.next%r.n
+		r.next++
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return p, nil
+	}
+	if r.n == 0 { // no room below the ephemeral range: any free port
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port, nil
+	}
+	return 0, fmt.Errorf("FreePort: none of the loopback ports %d-%d is free", r.lo, r.lo+r.n-1)
+}
+
+// init puts the range just below the first ephemeral port (32768 by
+// default): up to 10000 ports above 1024. The search starts at a random
+// place, as other test runs on the machine pick from the same range.
+func (r *portRange) init() {
+	first := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				first = v
+			}
+		}
+	}
+	r.lo = max(first-10000, 1025)
+	r.n = max(first-r.lo, 0)
+	if r.n > 0 {
+		r.next = rand.IntN(r.n)
+	}
 }
 
 // Agent is a deployd agent process started by a test.
@@ -183,6 +245,7 @@ func (s *syncBuffer) String() string {
 // added) without starting anything. %SOCKET% and %DIR% are replaced.
 func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
 	t.Helper()
+	checkSlot(t)
 	NoteSources()
 	dir, err := os.MkdirTemp("", "deployd-it-")
 	if err != nil {

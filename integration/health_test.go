@@ -23,6 +23,7 @@ func healthApp(port, instances int, ver, env, extra string) string {
 // one whose health path never says OK is abandoned with the old workers
 // serving; no request fails.
 func TestHTTPReadinessWaitsForHealthPath(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	const instances, okAfter = 2, 2 * time.Second
 	a := StartAgent(t, bins, healthApp(port, instances, "v1", "", ""))
@@ -72,6 +73,7 @@ func TestHTTPReadinessWaitsForHealthPath(t *testing.T) {
 // first, under both loads at once with no failed request; the other
 // worker is untouched. The failed checks are in the metrics.
 func TestHungWorkerFailingLivenessIsReplaced(t *testing.T) {
+	parallelUnderLoad(t)
 	port, mport := FreePort(t), FreePort(t)
 	const instances = 2
 	// Timeouts well above the load's p99 (~0.5 s with the race-built agent):
@@ -135,6 +137,7 @@ func TestHungWorkerFailingLivenessIsReplaced(t *testing.T) {
 // health listener too: ready = "http:/healthz" gates its reloads, and its
 // liveness checks pass.
 func TestGunicornHTTPHealth(t *testing.T) {
+	parallel(t)
 	requireTool(t, "apt-get install python3-gunicorn", debianPython, "-c", "import gunicorn")
 	port := FreePort(t)
 	app := func(ver, mode string) string {
@@ -177,6 +180,7 @@ server.listen(3000, () => { since = Date.now(); });
 // for the listen, which the preload reports at once), reloads under both
 // loads lose nothing, and the liveness checks pass.
 func TestNodeHTTPHealth(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": nodeHealthApp})
 	cfg := nodeConfig(dir, []string{"node", "app.js"}, port, 2,
@@ -203,6 +207,7 @@ func TestNodeHTTPHealth(t *testing.T) {
 // The Go guide's example (worker.ServeHTTP, nothing else) answers the
 // health checks on the health listener with its own handler.
 func TestGoPackageServesHealth(t *testing.T) {
+	parallel(t)
 	path := goApp(t)
 	port := FreePort(t)
 	extra := "ready = \"http:/healthz\"\n[apps.web.health]\ninterval = \"1s\"\ntimeout = \"1s\"\n"
@@ -222,6 +227,7 @@ func TestGoPackageServesHealth(t *testing.T) {
 // Puma with --bind-to-activated-sockets only serves every socket in
 // LISTEN_FDS, the health listener (a unix socket) too.
 func TestPumaHTTPHealth(t *testing.T) {
+	parallel(t)
 	requireTool(t, "apt-get install puma", "ruby", "-e", `require "puma"`)
 	port := FreePort(t)
 	app := func(ver, mode string) string {
@@ -247,6 +253,7 @@ timeout = "1s"
 
 // gunicorn with uvicorn's worker class serves the health listener too.
 func TestGunicornUvicornWorkerHTTPHealth(t *testing.T) {
+	parallel(t)
 	requireTool(t, "apt-get install python3-gunicorn python3-uvicorn", debianPython, "-c", "import gunicorn, uvicorn.workers")
 	port := FreePort(t)
 	app := func(ver string) string {
@@ -282,6 +289,7 @@ timeout = "1s"
 // finds each one's health socket, and replaces one whose health path hangs,
 // under both loads with no failed request.
 func TestAdoptedWorkersKeepTheirHealthChecks(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	// Timeouts well above the load's p99 (~0.5 s with the race-built agent):
 	// only the hung worker fails.
@@ -325,6 +333,7 @@ func TestAdoptedWorkersKeepTheirHealthChecks(t *testing.T) {
 // config check says which fd an app's health listener is, and warns for a
 // command that serves only fd 3 (exit 0: a warning changes nothing).
 func TestConfigCheckTellsAboutHealthListener(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, healthApp(port, 2, "v1", "", "[apps.web.health]\nfailures = 2\n")+
 		fmt.Sprintf(`[apps.api]

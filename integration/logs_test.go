@@ -85,6 +85,7 @@ max_files = 1000
 // dies at once (exit 3, or SIGKILL from itself) still has every line, the
 // last one included, in the log; so does its stderr.
 func TestLogsCrashingWorkerKeepsLastLines(t *testing.T) {
+	parallel(t)
 	script := `echo first-$$; i=0; while [ $i -lt 2000 ]; do echo spam-$$-$i; i=$((i+1)); done; ` +
 		`echo last-words-$$; echo last-err-$$ >&2; ` +
 		`if [ "$DEPLOYD_WORKER" = 0 ]; then exit 3; else kill -KILL $$; fi`
@@ -149,6 +150,7 @@ window = "1m"
 // it must print every batch once. It also checks the plain tail and the
 // rotate/flush results on disk.
 func TestLogsFollowAcrossRotationAndFlush(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, ""))
 	a.WaitFor("2 ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -224,6 +226,7 @@ func TestLogsFollowAcrossRotationAndFlush(t *testing.T) {
 // worker blocked on a full pipe would time out), status reports the
 // dropped lines, and once there is room the log says how many were lost.
 func TestLogsFullDiskKeepsWorkersServing(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 2, ""))
 	logDir := filepath.Join(a.Dir, "logs")

@@ -15,6 +15,7 @@ import (
 // are written in the new format. Before, the reload said done and the log
 // files kept the settings of the agent's start.
 func TestReloadAppliesLogSettings(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	app := func(logs string) string {
 		return fmt.Sprintf(`[apps.web]

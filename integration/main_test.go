@@ -20,6 +20,10 @@ var bins *Binaries
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if err := setParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		os.Exit(1)
+	}
 	if testing.Short() {
 		fmt.Println("integration: skipped in -short mode")
 		os.Exit(0)
@@ -122,6 +126,7 @@ const identitiesMinPerWorker = 20
 // and one-connection-per-request clients.
 func startLoad(t *testing.T, port, clients int, d time.Duration) (stop func() (loadgen.Result, loadgen.Result)) {
 	t.Helper()
+	holdLoadSlot(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	ka, err := loadgen.Start(context.Background(), loadgen.Options{URL: url, Clients: clients, KeepAlive: true,
 		MaxRequests: 5_000_000, MaxDuration: d})

@@ -108,6 +108,7 @@ func metricsConfig(metricsPort, port int) string {
 }
 
 func TestMetricsEndpointAndCountersMove(t *testing.T) {
+	parallel(t)
 	mport, port := FreePort(t), FreePort(t)
 	a := StartAgent(t, bins, metricsConfig(mport, port))
 	st := a.WaitFor("2 ready workers", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -208,6 +209,7 @@ func TestMetricsEndpointAndCountersMove(t *testing.T) {
 }
 
 func TestMetricsPortBusyIsSetupError(t *testing.T) {
+	parallel(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

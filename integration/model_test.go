@@ -74,7 +74,7 @@ type opsRun struct {
 }
 
 func TestRandomOperations(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	steps, seed := 24, uint64(20261202)
 	if *opsSteps > 0 {
 		steps = *opsSteps

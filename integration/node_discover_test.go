@@ -17,7 +17,7 @@ import (
 // failed requests; the discovery run never serves (its listening callback
 // never runs: the app's log has one line per worker start, no more).
 func TestNodeClusterAppWithoutListen(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	// The one change from the tutorial: loopback only, as every test here.
 	js := strings.Replace(clusterApp, "app.listen(port, () =>", "app.listen(port, '127.0.0.1', () =>", 1)
@@ -63,7 +63,7 @@ func TestNodeClusterAppWithoutListen(t *testing.T) {
 // port anywhere but in the app. The table written has no listen; the
 // agent serves the port the app asked for.
 func TestPM2StartWithoutPort(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallel(t) // see parallel.go
 	port := FreePort(t)
 	js := strings.Replace(pm2App, "app.listen(port, () =>", "app.listen(port, '127.0.0.1', () =>", 1)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": js})

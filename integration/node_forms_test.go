@@ -146,6 +146,7 @@ func formLoad(t *testing.T, o loadgen.Options, ka, nka int) func() (loadgen.Resu
 		return nil
 	}
 	o.MaxRequests, o.MaxDuration = 2_000_000, 4*time.Minute
+	holdLoadSlot(t)
 	var ls []*loadgen.Load
 	for _, c := range []struct {
 		n  int
@@ -170,7 +171,7 @@ func formLoad(t *testing.T, o loadgen.Options, ka, nka int) func() (loadgen.Resu
 // 20 keep-alive and 20 new-connection clients of o. It returns the port
 // and the options the load used.
 func reloadForm(t *testing.T, js, extra string, o loadgen.Options, certDir func(dir string) *tls.Config) (int, loadgen.Options) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": js})
 	o.URL = fmt.Sprintf("http://127.0.0.1:%d/", port)
@@ -227,7 +228,7 @@ app.get('/', (req, res) => {
 app.get('/load', (req, res) => {
   let total = 0
   const end = Date.now() + 100
-  while (Date.now() < end) total++
+  do total++; while (Date.now() < end) // once at least, however late it runs
   res.send(total > 0 ? 'Hello World!' : 'Hello World')
 })
 
@@ -241,7 +242,7 @@ app.listen(port, () => {
 // while the event loop runs the others. The per-request timeout is 60 s,
 // far above the queue, so that a slow shared machine fails no request.
 func TestNodeCPUBoundRoute(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": cpuApp})
 	cfg := strings.Replace(nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), `stop_timeout = "15s"`, `stop_timeout = "60s"`, 1)
@@ -287,7 +288,7 @@ if (cluster.isMaster) {
 // The cluster app with instances = 2 runs exactly 2 processes, none with
 // children (the app takes its worker branch), and reloads dropping nothing.
 func TestNodeClusterApp(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": clusterApp})
 	var a *Agent

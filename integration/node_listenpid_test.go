@@ -31,6 +31,7 @@ http.createServer((req, res) => {
 // of the app sees its parent's pid, not its own, so it leaves the listeners
 // alone — the systemd rule gunicorn, sd_listen_fds and node libraries check.
 func TestNodeWorkerHasItsOwnListenPID(t *testing.T) {
+	parallel(t)
 	node, err := exec.LookPath("node")
 	if err != nil {
 		if os.Getenv("CI") != "" {

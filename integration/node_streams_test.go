@@ -62,7 +62,7 @@ func linkNodeModule(t *testing.T, dir, module string) {
 // body ends, the WebSocket gets a close frame 1001 "going away", and the
 // reload is done without waiting for them.
 func TestNodeReloadEndsLongLivedStreams(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallel(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": streamsApp})
 	linkNodeModule(t, dir, "ws")

@@ -193,6 +193,7 @@ func helloLoad(t *testing.T, port, clients int, d time.Duration) (stop func() (l
 		}
 		return nil
 	}
+	holdLoadSlot(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	var ls []*loadgen.Load
 	for _, ka := range []bool{true, false} {
@@ -268,34 +269,35 @@ func reloadNodeUnder(t *testing.T, cfg string, port, instances, n int, load func
 }
 
 func TestNodeTutorialAppExpress4(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeServerCloseHandlerExpress5(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.js": closeHandlerApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeESModuleApp(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express5", port, map[string]string{"app.mjs": esmApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.mjs"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeNpmStart(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp, "package.json": npmPackageJSON})
 	reloadNode(t, nodeConfig(dir, []string{"npm", "start"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeUnlistedPortIsAClearError(t *testing.T) {
+	parallel(t)
 	port, other := FreePort(t), FreePort(t)
 	dir := nodeApp(t, "express5", other, map[string]string{"app.js": tutorialApp})
 	a := StartAgent(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, 1, ""))
@@ -324,6 +326,7 @@ func TestNodeUnlistedPortIsAClearError(t *testing.T) {
 }
 
 func TestNodeReloadToAnUnlistedPortIsAbandoned(t *testing.T) {
+	parallel(t)
 	port, other := FreePort(t), FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp})
 	a := StartAgent(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, 1, ""))
@@ -352,14 +355,14 @@ func TestNodeReloadToAnUnlistedPortIsAbandoned(t *testing.T) {
 }
 
 func TestNodeFastifyApp(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "fastify", port, map[string]string{"app.js": fastifyApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
 }
 
 func TestNodeKoaApp(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	dir := nodeApp(t, "koa", port, map[string]string{"app.js": koaApp})
 	reloadNode(t, nodeConfig(dir, []string{"node", "app.js"}, port, 2, ""), port, 2, 5)
@@ -368,7 +371,7 @@ func TestNodeKoaApp(t *testing.T) {
 // ready = "node-ipc" through npm start: npm's own node takes NODE_CHANNEL_FD,
 // so the app's process.send('ready') goes through the preload's channel.
 func TestNodeNpmStartWithNodeIPC(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	port := FreePort(t)
 	app := strings.Replace(tutorialApp, "console.log(`Example app listening on port ${port}`)",
 		"console.log(`Example app listening on port ${port}`)\n  setTimeout(() => process.send('ready'), 1000)", 1)

@@ -40,6 +40,7 @@ func containsAll(s string, parts []string) bool {
 // steps at debug level, the outcome and its duration, abandoned and
 // refused ones included.
 func TestAgentLogRecordsOperations(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })

@@ -13,6 +13,7 @@ import (
 )
 
 func TestScaleUnderLoad(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -59,6 +60,7 @@ func TestScaleUnderLoad(t *testing.T) {
 }
 
 func TestStopStartPersisted(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 1, ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
@@ -121,6 +123,7 @@ func TestMaxMemoryReplacesWorkerGracefully(t *testing.T) {
 }
 
 func TestWatchdogReplacesHungWorker(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, `watchdog = "1s"
 stop_timeout = "1s"`))
@@ -146,6 +149,7 @@ stop_timeout = "1s"`))
 }
 
 func TestReloadOfOneAppLeavesOthersAlone(t *testing.T) {
+	parallel(t)
 	p1, p2 := FreePort(t), FreePort(t)
 	cfg := func(ver string) string {
 		return versionedApp(p1, 2, ver, "", "") + appConfig("api", p2, 2, "")
@@ -171,6 +175,7 @@ func TestReloadOfOneAppLeavesOthersAlone(t *testing.T) {
 }
 
 func TestCPUAffinityPinsSlots(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	usable := usableCPUs(t)
 	if len(usable) < 2 {

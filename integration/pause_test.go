@@ -17,7 +17,7 @@ import (
 // itself.
 func TestPauseHoldsConnectionsUntilResume(t *testing.T) {
 	needSteering(t)
-	t.Parallel() // see parallel.go
+	parallel(t) // see parallel.go
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", `balance = "even"`))
 	a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -102,7 +102,7 @@ func TestPauseHoldsConnectionsUntilResume(t *testing.T) {
 // A shared app cannot be paused: the refusal names the fix and changes
 // nothing.
 func TestPauseRefusesASharedApp(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallel(t) // see parallel.go
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 1, "v1", "", ""))
 	a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })

@@ -59,6 +59,7 @@ const agentOnlyConfig = "# the agent of this host; apps are added by deployd sta
 	"pid_file = \"agent.pid\"   # read by the monitoring\n"
 
 func TestPM2StartListShowLogsDelete(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"app.js": pm2App})
 	a := NewAgentDir(t, bins, agentOnlyConfig)
@@ -163,6 +164,7 @@ func TestPM2StartListShowLogsDelete(t *testing.T) {
 }
 
 func TestPM2StartEnvSelectsEnvTable(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	dir := nodeApp(t, "express4", port, map[string]string{"server.js": pm2App})
 	a := StartAgent(t, bins, agentOnlyConfig)
@@ -195,6 +197,7 @@ func TestPM2StartEnvSelectsEnvTable(t *testing.T) {
 }
 
 func TestPM2ScaledCountIsNamed(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 1, ""))
 	eventually(t, a, "1 ready worker", 30*time.Second, func() bool { return AllReady(a.Status(), "web", 1) })

@@ -47,6 +47,7 @@ func startMemberAgent(t *testing.T, m *member, agentExtra, apps string) *Agent {
 }
 
 func TestMemberUnsignedUpgradeNeverRuns(t *testing.T) {
+	parallel(t)
 	m := newMember(t)
 	_, priv, err := minisign.GenerateKey(rand.Reader)
 	if err != nil {
@@ -113,6 +114,7 @@ var trustedPub, trustedPriv = func() (string, minisign.PrivateKey) {
 func trustedKey(*testing.T) string { return trustedPub }
 
 func TestMemberSignedUpgradeWorks(t *testing.T) {
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := startMemberAgent(t, m, fmt.Sprintf("upgrade_public_key = %q\nupgrade_timeout = \"20s\"", trustedKey(t)),
@@ -145,6 +147,7 @@ func TestMemberSignedUpgradeWorks(t *testing.T) {
 }
 
 func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := startMemberAgent(t, m, "", releasesApp(port, 1)+memberRootKey)
@@ -215,6 +218,7 @@ func TestMemberDeployOfUnreadableArtifactWritesNothing(t *testing.T) {
 }
 
 func TestMemberDeploysOwnArtifactAndRunsApps(t *testing.T) {
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := startMemberAgent(t, m, "", releasesApp(port, 1)+memberRootKey)

@@ -15,6 +15,7 @@ import (
 // agent runs under the race detector and checkRace fails the test on a
 // report; without it the test still checks the reload.
 func TestReloadDuringCrashRestartIsRaceFree(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, 2, ""))
 	st := a.WaitFor("2 ready workers", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })

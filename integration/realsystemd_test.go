@@ -249,7 +249,7 @@ func (s *realSystemd) journal(unit string) string {
 // then `systemctl stop` (every worker stopped by the agent, gracefully) and
 // `systemctl restart` (measured: what it costs a client).
 func TestRealSystemdReloadStopRestart(t *testing.T) {
-	t.Parallel()
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 2, ""))
 	sd := bootSystemd(t, a.Dir, bins.Dir)

@@ -13,6 +13,7 @@ import (
 // first, under both loads at once: no failed request, never fewer ready
 // workers than instances, never more than one extra worker.
 func TestRecycleAfterReplacesEveryWorkerUnderLoad(t *testing.T) {
+	parallelUnderLoad(t)
 	const instances = 3
 	port := FreePort(t)
 	a := StartAgent(t, bins, appConfig("web", port, instances, `recycle_after = "3s"`))

@@ -15,7 +15,7 @@ import (
 // agent (a lock taken twice): the harness's deadline on every call turns a
 // hang into a failure with the agent's goroutines in the log.
 func TestReloadAddsAndRemovesApps(t *testing.T) {
-	t.Parallel()
+	parallelUnderLoad(t)
 	webPort, apiPort, jobsPort := FreePort(t), FreePort(t), FreePort(t)
 	web := versionedApp(webPort, 2, "v1", "", "")
 	a := StartAgent(t, bins, web)

@@ -22,6 +22,7 @@ func versionedApp(port, instances int, ver, env, extra string) string {
 }
 
 func TestReloadsUnderLoadDropNothing(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	const instances = 2
 	a := StartAgent(t, bins, versionedApp(port, instances, "v1", "", ""))
@@ -61,6 +62,7 @@ func TestReloadsUnderLoadDropNothing(t *testing.T) {
 }
 
 func TestReloadAbandonedWhenNewVersionExits(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -91,6 +93,7 @@ func TestReloadAbandonedWhenNewVersionExits(t *testing.T) {
 }
 
 func TestReloadAbandonedWhenNeverReady(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", `ready_timeout = "1500ms"`))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -130,6 +133,7 @@ func TestReloadAbandonedWhenNeverReady(t *testing.T) {
 }
 
 func TestReloadWithSlowStartingVersion(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -150,6 +154,7 @@ func TestReloadWithSlowStartingVersion(t *testing.T) {
 }
 
 func TestBlueGreenReload(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -219,6 +224,7 @@ func TestConcurrentReloadIsRefused(t *testing.T) {
 }
 
 func TestReloadWithInvalidConfigChangesNothing(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -238,6 +244,7 @@ func TestReloadWithInvalidConfigChangesNothing(t *testing.T) {
 }
 
 func TestReloadScalesAndShowsGenerations(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 1, "v1", "", ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })

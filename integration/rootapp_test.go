@@ -16,6 +16,7 @@ import (
 // it, and nothing runs; `config check` warns. Before, the deploy ran the
 // member's release as root and `config check` said ok.
 func TestMemberRefusedOnRootApp(t *testing.T) {
+	parallel(t)
 	m := newMember(t)
 	port := FreePort(t)
 	a := startMemberAgent(t, m, "", releasesApp(port, 1))

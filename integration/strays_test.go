@@ -21,6 +21,7 @@ import (
 // with the agent's marker) is found by the next agent and retired with
 // the recorded ones: no orphan is left.
 func TestFullStateDirLeavesNoOrphan(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 1, ""))
 	state := filepath.Join(a.Dir, "state")

@@ -49,7 +49,7 @@ wss.on('connection', (ws) => ws.send('pid=' + process.pid))
 // new one. Meanwhile a keep-alive and a new-connection load see no failed
 // request.
 func TestNodeReloadDoesNotWaitForStreams(t *testing.T) {
-	t.Parallel() // see parallel.go
+	parallelUnderLoad(t) // see parallel.go
 	const instances, sseClients, wsClients = 4, 20, 20
 	const stopTimeout = 10 * time.Second
 	// streamGrace is how long after its stop signal the Node.js preload

@@ -20,6 +20,7 @@ import (
 // reloads in a row with the agent's memory, fds and children watched.
 
 func TestStressConcurrentStatusDuringReload(t *testing.T) {
+	parallel(t)
 	const callers = 200
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))

@@ -57,6 +57,7 @@ func requireLines(t *testing.T, name, text string, lines ...string) {
 }
 
 func TestSystemdStartupUnitsPassVerify(t *testing.T) {
+	parallel(t)
 	p1, p2, p3 := FreePort(t), FreePort(t), FreePort(t)
 	a := NewAgentDir(t, bins, unitsConfig(p1, p2, p3))
 	bin, err := filepath.EvalSymlinks(bins.Deployd)
@@ -312,6 +313,7 @@ func environ(t *testing.T, pid int) map[string]string {
 }
 
 func TestSocketActivationAgentServesOnGivenSocket(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 2, ""))
 	notify := listenNotify(t, a.Dir)
@@ -380,6 +382,7 @@ func TestSocketActivationAgentServesOnGivenSocket(t *testing.T) {
 }
 
 func TestSocketActivationMatchesByName(t *testing.T) {
+	parallel(t)
 	// The config names a port the agent never opens; systemd's socket named
 	// "web" (the app's default listen name) on another port stands for it.
 	cfgPort, port := FreePort(t), FreePort(t)

@@ -17,6 +17,7 @@ import (
 // in its 200 ms die with it, as they would anywhere: the load during the
 // reload is logged, and the load after it must see only the old version.)
 func TestReloadRefusedWhenReadyThenExit(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 2, "v1", "", ""))
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
@@ -81,6 +82,7 @@ env = { GOAPP_VERSION = %q }
 // The app that is only worker.ServeHTTP loses nothing over reloads under
 // both loads at once (keep-alive and a new connection per request).
 func TestGoPackageAppReloadsDropNothing(t *testing.T) {
+	parallelUnderLoad(t)
 	path := goApp(t)
 	port := FreePort(t)
 	const instances, reloads = 2, 6

@@ -43,6 +43,7 @@ func workerPIDs(st *api.Status) []int {
 }
 
 func TestUpgradesUnderLoadDropNothing(t *testing.T) {
+	parallelUnderLoad(t)
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, versionedApp(port, 2, "v1", "", ""))
 	a.UseOwnBinary()
@@ -121,6 +122,7 @@ func script(t *testing.T, body string) string {
 }
 
 func TestRefusedUpgradesKeepOldAgent(t *testing.T) {
+	parallel(t)
 	pub, priv, err := minisign.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -212,6 +214,7 @@ func TestRefusedUpgradesKeepOldAgent(t *testing.T) {
 }
 
 func TestSIGHUPWithInvalidConfigKeepsServing(t *testing.T) {
+	parallel(t)
 	port := FreePort(t)
 	a := StartAgent(t, bins, versionedApp(port, 1, "v1", "", ""))
 	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
