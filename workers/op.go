@@ -64,6 +64,9 @@ func (s *Supervisor) newOp(what, by string, progress func(Event)) *op {
 // that waited for this one. The progress callback gets nothing after it
 // (a background drain's exit is only published).
 func (o *op) end() {
+	// Whatever the operation (reload, scale, a canary's promote or abort),
+	// it returns once only the workers it kept take new connections.
+	o.awaitStopAccepting()
 	o.mu.Lock()
 	o.progress = nil
 	o.mu.Unlock()
