@@ -313,6 +313,10 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 	a.retiring.Go(a.retireLater)
 	a.retiring.Go(a.stopLeftovers)
+	if d := handoffHold(); d > 0 && a.upg.HasParent() {
+		a.log.Warn("holding the handoff before telling the previous agent (a test's failpoint)", "env", envHandoffHold, "for", d)
+		time.Sleep(d)
+	}
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if err := a.upg.Ready(); err != nil {
@@ -428,3 +432,17 @@ func (a *Agent) Socket() string { return a.socket }
 
 // Settings are the [agent] settings the agent started with.
 func (a *Agent) Settings() config.Agent { return a.settings }
+
+// envHandoffHold is a failpoint for tests: a new agent taking over from a
+// previous one waits this long (a Go duration, at most 30 s) between being
+// ready and telling the previous agent, so that a test can SIGKILL either
+// agent in the middle of a handoff that otherwise takes milliseconds.
+const envHandoffHold = "DEPLOYD_TEST_HANDOFF_HOLD"
+
+func handoffHold() time.Duration {
+	d, err := time.ParseDuration(os.Getenv(envHandoffHold))
+	if err != nil || d <= 0 {
+		return 0
+	}
+	return min(d, 30*time.Second)
+}

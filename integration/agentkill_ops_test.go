@@ -107,6 +107,9 @@ func TestAgentKillDuringUpgradeKeepsServing(t *testing.T) {
 	const n = 2
 	a := NewAgentDir(t, bins, abruptApp(port, n, ""))
 	a.UseOwnBinary()
+	// A handoff takes milliseconds on a quiet machine: the failpoint keeps
+	// both agents alive for 3 s, so that the kill lands during it.
+	a.Env = append(a.Env, "DEPLOYD_TEST_HANDOFF_HOLD=3s")
 	a.Start()
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", n) })
 	before := allWorkerPIDs(st)

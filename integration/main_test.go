@@ -19,6 +19,9 @@ import (
 var bins *Binaries
 
 func TestMain(m *testing.M) {
+	if argv := os.Getenv(maxRSSEnv); argv != "" {
+		os.Exit(maxRSSHelper(argv))
+	}
 	flag.Parse()
 	if err := setParallel(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration:", err)

@@ -23,8 +23,19 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 	const n, kills = 2, 2
 	a := NewAgentDir(t, bins, appConfig("web", port, n, `env = { TESTAPP_TICK = "20ms" }`))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal of deployd:\n%s", sd.journal("deployd"))
+		}
+	}()
 	if out, err := sd.run(bins.Deployd, "startup", "systemd", "-c", a.Config, "--socket-unit"); err != nil {
 		t.Fatalf("deployd startup systemd --socket-unit: %v\n%s", err, out)
+	}
+	// A handoff takes milliseconds on a quiet machine: the failpoint keeps
+	// both agents alive for 3 s, so that the kills below land during one.
+	if out, err := sd.run("sh", "-c", "mkdir -p /etc/systemd/system/deployd.service.d && "+
+		"printf '[Service]\\nEnvironment=DEPLOYD_TEST_HANDOFF_HOLD=3s\\n' > /etc/systemd/system/deployd.service.d/hold.conf"); err != nil {
+		t.Fatalf("write the unit's drop-in: %v\n%s", err, out)
 	}
 	sd.mustCtl("daemon-reload")
 	sd.mustCtl("start", "deployd")
@@ -71,8 +82,11 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 			t.Fatal(err)
 		}
 		if victim == "new" {
-			st = a.WaitFor("the old agent serving on", 30*time.Second, func(st *api.Status) bool {
-				return st.Agent.PID == old && !Alive(child) && AllReady(st, "web", n)
+			// ... and done with the upgrade that failed: until it has said
+			// so, the next SIGHUP finds an upgrade in flight and is refused.
+			st = a.WaitFor("the old agent serving on, its upgrade given up", 30*time.Second, func(st *api.Status) bool {
+				return st.Agent.PID == old && !Alive(child) && AllReady(st, "web", n) &&
+					strings.Contains(sd.journal("deployd"), "upgrade refused or failed")
 			})
 		} else {
 			st = sd.nextAgent(a, old, n)
