@@ -313,12 +313,12 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 	a.retiring.Go(a.retireLater)
 	a.retiring.Go(a.stopLeftovers)
+	// systemd learns the new main pid before the previous agent may exit.
+	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if d := handoffHold(); d > 0 && a.upg.HasParent() {
 		a.log.Warn("holding the handoff before telling the previous agent (a test's failpoint)", "env", envHandoffHold, "for", d)
 		time.Sleep(d)
 	}
-	// systemd learns the new main pid before the previous agent may exit.
-	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
 	if err := a.upg.Ready(); err != nil {
 		a.log.Error("tell the previous agent we are ready", "error", err)
 	} else {
