@@ -3,7 +3,6 @@ package integration
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,8 +36,9 @@ app.listen(port, () => {
 // cross an agent upgrade. Its node-ipc channel (NODE_CHANNEL_FD) stays
 // connected once the old agent is gone, and the preload's channel (fd 50)
 // still reports to the new agent: when a reload stops the adopted workers,
-// their "STATUS=draining" shows in the new agent's status. The reload's new
-// workers get ready through process.send('ready'); no request fails.
+// their "STATUS=draining" reaches the new agent (its exit event carries
+// it). The reload's new workers get ready through process.send('ready');
+// no request fails.
 func TestNodeWorkersAdoptedAcrossUpgrades(t *testing.T) {
 	parallelUnderLoad(t)
 	port := FreePort(t)
@@ -79,41 +79,14 @@ func TestNodeWorkersAdoptedAcrossUpgrades(t *testing.T) {
 		}
 	}
 
-	// A reload stops the adopted workers: their preload reports the drain.
-	var mu sync.Mutex
-	draining := map[int]bool{}
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-quit:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			ctx, cancel := a.Ctx(0)
-			st, err := a.Client.Status(ctx, "")
-			cancel()
-			if err != nil {
-				continue
-			}
-			app := appOf(st, "web") // old workers drain apart from the slots
-			for _, w := range append(app.Workers, app.Draining...) {
-				if w.Status == "draining" {
-					mu.Lock()
-					draining[w.PID] = true
-					mu.Unlock()
-				}
-			}
-		}
-	}()
+	// A reload stops the adopted workers: their preload reports the drain
+	// (STOPPING=1, STATUS=draining), and each one's exit event carries the
+	// last status the new agent heard from it.
 	if r := a.CLI("reload", "web"); r.Code != 0 {
 		t.Fatalf("reload of the adopted app: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
 	}
 	st = a.Status()
 	waitAllGone(t, map[int]bool{before[0]: true, before[1]: true}, 20*time.Second)
-	close(quit)
-	<-done
 	ka, nka := stop()
 	requireNoFailures(t, "keep-alive clients", ka)
 	requireNoFailures(t, "new-connection clients", nka)
@@ -128,12 +101,9 @@ func TestNodeWorkersAdoptedAcrossUpgrades(t *testing.T) {
 			t.Errorf("new worker %d ready after %d ms, before its process.send('ready') at 500 ms", w.PID, w.ReadyMillis)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for _, pid := range before {
-		if !draining[pid] {
-			t.Errorf("adopted worker %d: its preload's STATUS=draining never reached the new agent (seen: %v)", pid, draining)
-		}
+		waitLogLine(t, a, fmt.Sprintf("the exit of adopted worker %d with its preload's STATUS=draining", pid),
+			"event=exited", fmt.Sprintf("pid=%d ", pid), "last status", "draining")
 	}
 	t.Logf("node workers %v adopted over 2 upgrades: IPC connected (%s), drain reported by the preload; reload: keep-alive %s; new-connection %s",
 		before, strings.Join(func() []string {

@@ -53,7 +53,7 @@ func (o *op) drainInBackground(d *drain) {
 		defer close(d.done)
 		w.awaitStop(killAt)
 		o.step(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release,
-			Millis: time.Since(t).Milliseconds(), Message: w.ExitDescription()}, func(st *state) {
+			Millis: time.Since(t).Milliseconds(), Message: w.stopDescription()}, func(st *state) {
 			st.draining = slices.DeleteFunc(st.draining, func(x *drain) bool { return x == d })
 			delete(st.usage, w)
 		})

@@ -2,6 +2,7 @@ package workers
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -67,7 +68,7 @@ func TestReloadRolling(t *testing.T) {
 		if ev[2].PID != old[slot].PID || ev[2].Release != "v1" {
 			t.Errorf("slot %d: draining %+v, want old pid %d of v1", slot, ev[2], old[slot].PID)
 		}
-		if len(ev) > 3 && (ev[3].Type != EventExited || ev[3].PID != old[slot].PID || ev[3].Message != "exit status 0") {
+		if len(ev) > 3 && (ev[3].Type != EventExited || ev[3].PID != old[slot].PID || ev[3].Message != fmt.Sprintf(`exit status 0; last status "serving %d"`, slot)) {
 			t.Errorf("slot %d: after draining %+v", slot, ev[3])
 		}
 		for _, e := range ev {

@@ -109,7 +109,7 @@ func (o *op) stopWorker(sl *slot, w *Worker, how State, report bool) {
 	t := time.Now()
 	w.stop(how)
 	emit(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release, Millis: time.Since(t).Milliseconds(),
-		Message: w.ExitDescription()}, func(st *state) {
+		Message: w.stopDescription()}, func(st *state) {
 		sl.extra = slices.DeleteFunc(sl.extra, func(x *Worker) bool { return x == w })
 		delete(st.usage, w)
 	})

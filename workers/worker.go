@@ -175,6 +175,20 @@ func (w *Worker) ExitDescription() string {
 	return ""
 }
 
+// stopDescription is ExitDescription with the worker's last sd_notify
+// STATUS, for the exit of a worker the supervisor stopped: what it said it
+// was doing when it went (a preload's "draining", an app's own words).
+func (w *Worker) stopDescription() string {
+	d := w.ExitDescription()
+	w.mu.Lock()
+	last := w.status
+	w.mu.Unlock()
+	if last == "" {
+		return d
+	}
+	return fmt.Sprintf("%s; last status %q", d, last)
+}
+
 // LastLines returns the last lines of the worker's output.
 func (w *Worker) LastLines() []string { return w.tail.Lines() }
 
