@@ -89,8 +89,9 @@ func TestUvicornDrainReloadsDropNothing(t *testing.T) {
 	}
 }
 
-// exitedEvent is the agent's debug line for a stopped worker that is gone.
-var exitedEvent = regexp.MustCompile(`event=exited worker=\d+ pid=\d+ release=\S+ ms=\d+ message="([^"]*)"`)
+// exitedEvent is the agent's debug line for a stopped worker that is gone;
+// it captures how the worker ended, before any "; last status".
+var exitedEvent = regexp.MustCompile(`event=exited worker=\d+ pid=\d+ release=\S+ ms=\d+ message="([^";]*)`)
 
 // silentConns opens n connections to port that never send anything.
 func silentConns(t *testing.T, port, n int) []net.Conn {
