@@ -76,6 +76,10 @@ socket = %q
 state_dir = "state"
 log_dir = "logs"
 %s`, s.socket, agent)
+	steer := ""
+	if s.app.balance != "" {
+		steer = fmt.Sprintf("balance = %q\nspares = %d\n", s.app.balance, s.app.spares)
+	}
 	for i, port := range append([]int{s.p}, s.extra...) {
 		name := "web"
 		if i > 0 {
@@ -91,7 +95,7 @@ ready_timeout = "60s"
 stop_timeout = "30s"
 min_ready = "0s"
 env = { %s }
-`, name, cmd, s.app.instances, port, ready, strings.Join(env, ", "))
+%s`, name, cmd, s.app.instances, port, ready, strings.Join(env, ", "), steer)
 	}
 	return os.WriteFile(s.config, []byte(body), 0o644)
 }
@@ -126,7 +130,7 @@ func (s *deploydSystem) waitReady(ctx context.Context, timeout time.Duration) er
 	deadline := time.Now().Add(timeout)
 	for {
 		st, err := s.client.Status(ctx, "")
-		if err == nil && allReady(st, 1+s.app.extraApps, s.app.instances) {
+		if err == nil && allReady(st, 1+s.app.extraApps, s.app.instances+s.app.spares) {
 			for _, a := range st.Apps {
 				for _, w := range a.Workers {
 					trackPID(w.PID, s.label+" worker")

@@ -89,7 +89,7 @@ func parseFlags() (*bench, options, int) {
 	flag.StringVar(&o.pm2Prefix, "pm2-prefix", "", "use pm2 already installed under this npm prefix instead of installing it")
 	flag.StringVar(&o.deploydBin, "deployd", "", "use this deployd binary instead of building ./cmd/deployd")
 	flag.BoolVar(&o.noPM2, "no-pm2", false, "skip the PM2 rows")
-	only := flag.String("only", "throughput,crash,crashloop,memory,reload", "phases to run, comma-separated (also: upgrade, kill)")
+	only := flag.String("only", "throughput,crash,crashloop,memory,reload", "phases to run, comma-separated (also: upgrade, kill, spares)")
 	flag.StringVar(&o.out, "out", "", "also write the Markdown report to this file")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (logs) at the end")
 	flag.Parse()
@@ -119,8 +119,8 @@ func parseFlags() (*bench, options, int) {
 	}
 	for _, p := range strings.Split(*only, ",") {
 		p = strings.TrimSpace(p)
-		if p != "throughput" && p != "crash" && p != "crashloop" && p != "reload" && p != "upgrade" && p != "memory" && p != "kill" {
-			fmt.Fprintf(os.Stderr, "bench: -only: unknown phase %q (throughput, crash, crashloop, reload, memory, upgrade, kill)\n", p)
+		if p != "throughput" && p != "crash" && p != "crashloop" && p != "reload" && p != "upgrade" && p != "memory" && p != "kill" && p != "spares" {
+			fmt.Fprintf(os.Stderr, "bench: -only: unknown phase %q (throughput, crash, crashloop, reload, memory, upgrade, kill, spares)\n", p)
 			return nil, o, 2
 		}
 		o.phases = append(o.phases, p)
@@ -158,6 +158,7 @@ func run() int {
 		"memory":  b.memory,
 		"upgrade": b.upgradesUnderLoad,
 		"kill":    b.managerKillsUnderLoad,
+		"spares":  b.sparesRecovery,
 	}
 	var runErr error
 	for _, name := range o.phases {

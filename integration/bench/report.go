@@ -19,6 +19,7 @@ func (b *bench) report(w io.Writer) {
 	b.reportCost(w)
 	b.reportCrash(w)
 	b.reportCrashLoop(w)
+	b.reportSpares(w)
 	b.reportMemory(w)
 	b.goals(w)
 	if len(b.res.notes) > 0 {
@@ -159,6 +160,9 @@ func (b *bench) reportCrashLoop(w io.Writer) {
 
 func (b *bench) reportCrash(w io.Writer) {
 	r := &b.res
+	if len(r.vals("crash", sysDeployd, "recovery")) == 0 {
+		return
+	}
 	fmt.Fprintf(w, "### Crash recovery (SIGKILL of a worker → replacement ready)\n\n")
 	t := &table{head: []string{"system", "samples", "ms, min – median – max", "how it was observed"}}
 	t.row(sysDeployd, fmt.Sprint(len(r.vals("crash", sysDeployd, "recovery"))), mmm(r.vals("crash", sysDeployd, "recovery"), "%.0f"),

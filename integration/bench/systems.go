@@ -48,6 +48,10 @@ type appSpec struct {
 	instances    int
 	startupDelay time.Duration
 	extraApps    int // more apps beside "web" (app1, app2...), each with instances workers and a port of its own
+	// balance and spares are the deployd app's keys of the same names
+	// ("" and 0: left out, deployd's defaults); PM2 has neither.
+	balance string
+	spares  int
 }
 
 func (a appSpec) env(version string) []string {
