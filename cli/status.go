@@ -176,8 +176,11 @@ func printAcceptQueues(out io.Writer, a api.App) {
 		}
 	}
 	for _, q := range a.AcceptQueues {
-		if steered || q.Queued > 0 {
-			fmt.Fprintf(out, "  %s: accept queue %s: %d queued (backlog %d)\n", a.Name, q.Listen, q.Queued, q.Backlog)
+		switch {
+		case steered:
+			fmt.Fprintf(out, "  listener %s: %d queued (backlog %d)\n", q.Listen, q.Queued, q.Backlog)
+		case q.Queued > 0:
+			fmt.Fprintf(out, "\n%s: %d connections wait in the accept queue of %s (backlog %d)\n", a.Name, q.Queued, q.Listen, q.Backlog)
 		}
 	}
 }

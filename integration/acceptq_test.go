@@ -138,6 +138,12 @@ func stopOneWorker(t *testing.T, a *Agent, port, mport int, counted bool) {
 		t.Errorf("new_connections of the stopped worker rose by %d, its queue holds %d",
 			*s.NewConnections-*stopped.NewConnections, *s.Queued)
 	}
+	r := a.CLI("status", "web")
+	line := fmt.Sprintf("web[%d] pid %d: ", s.Slot, s.PID)
+	if r.Code != 0 || !strings.Contains(r.Stdout, line) || !strings.Contains(r.Stdout, fmt.Sprintf("%d queued", *s.Queued)) {
+		t.Errorf("status: exit %d, want a line %q... %d queued:\n%s", r.Code, line, *s.Queued, r.Stdout)
+	}
+	t.Logf("status:\n%s", r.Stdout)
 	listen := app.AcceptQueues[0]
 	if listen.Backlog <= 0 || !strings.Contains(listen.Listen, strconv.Itoa(port)) {
 		t.Errorf("listener %+v: want its address and a backlog", listen)
