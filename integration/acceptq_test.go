@@ -126,7 +126,7 @@ func stopOneWorker(t *testing.T, a *Agent, port, mport int, counted bool) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("after 10 s: %d connections, %d in the stopped worker's queue; status: stopped worker queued %v, "+
-				"other %v, listeners %+v", len(conns), n, ptr(s.Queued), ptr(o.Queued), app.AcceptQueues)
+				"other %v, listeners %+v", len(conns), n, orAbsent(s.Queued), orAbsent(o.Queued), app.AcceptQueues)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -256,7 +256,7 @@ func workerByPID(t *testing.T, app api.App, pid int) api.Worker {
 	return api.Worker{}
 }
 
-func ptr(p *int) any {
+func orAbsent(p *int) any {
 	if p == nil {
 		return "absent"
 	}
