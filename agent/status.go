@@ -34,13 +34,16 @@ func (a *Agent) Status(app string) (*api.Status, error) {
 type AppFigures struct {
 	Status   api.App
 	Counters workers.Counters
+	// BalanceAsked is the config's balance (Status.Balance is the one in
+	// effect).
+	BalanceAsked string
 }
 
 // Figures are every app's figures, sorted by app.
 func (a *Agent) Figures() []AppFigures {
 	var out []AppFigures
 	for _, rt := range a.appList() {
-		out = append(out, AppFigures{Status: appStatus(rt), Counters: rt.sup.Counters()})
+		out = append(out, AppFigures{Status: appStatus(rt), Counters: rt.sup.Counters(), BalanceAsked: rt.config().Balance})
 	}
 	return out
 }
@@ -62,6 +65,9 @@ func appStatus(rt *appRT) api.App {
 		}
 	}
 	app.Balance, app.Spares, app.Paused = s.Balance, s.Spares, apiPause(s.Paused)
+	for _, q := range s.AcceptQueues {
+		app.AcceptQueues = append(app.AcceptQueues, api.AcceptQueue{Listen: q.Listen, Queued: q.Queued, Backlog: q.Backlog})
+	}
 	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
 		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
 	}
@@ -87,6 +93,10 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 	if w.Steered {
 		n := w.SteeredConnections
 		aw.NewConnections = &n
+	}
+	if w.QueueKnown {
+		q := w.Queued
+		aw.Queued = &q
 	}
 	if w.Recycles {
 		in := w.RecycleIn.Seconds()

@@ -26,8 +26,12 @@ func statusCommand() *cli.Command {
 			"connections, bounded by stop_timeout) follow their app's workers as \"draining\", each\n" +
 			"with the TCP connections on the app's listeners it still holds (\"unknown\" where the\n" +
 			"agent may not read the worker's /proc/PID/fd: run it as root).\n" +
+			"An app with balance even or sticky lists each worker's new connections and the\n" +
+			"connections waiting in its own accept queue; any app, a listener's accept queue\n" +
+			"when connections wait in it (read once a second).\n" +
 			"--json prints the same as one JSON object (\"canary\", \"last_canary\", \"draining\";\n" +
-			"a draining worker's \"connections\", absent when unknown).",
+			"a draining worker's \"connections\", absent when unknown; \"accept_queues\" per\n" +
+			"listener; a steered worker's \"new_connections\" and \"queued\").",
 		Flags: clientFlags(jsonFlag,
 			&cli.DurationFlag{Name: "watch", Usage: "refresh every `INTERVAL` (e.g. 1s) until Ctrl-C"}),
 		Action: func(c *cli.Context) error {
@@ -96,6 +100,7 @@ func printStatus(out io.Writer, st *api.Status) {
 		if a.Balance == "even" || a.Balance == "sticky" {
 			fmt.Fprintf(out, "\n%s: balance %s (a socket per worker, steered by the kernel)\n", a.Name, a.Balance)
 		}
+		printAcceptQueues(out, a)
 		if p := a.Paused; p != nil {
 			ends := "until `deployd resume " + a.Name + "`"
 			if p.EndsInSeconds != nil {
@@ -146,6 +151,36 @@ func printStatus(out io.Writer, st *api.Status) {
 			fmt.Fprintf(out, "\n%s: last exit: %s\n  | %s\n", a.Name, a.LastExit, a.LastLines[len(a.LastLines)-1])
 		case crashing(a):
 			fmt.Fprintf(out, "\n%s: last exit: %s\n", a.Name, a.LastExit)
+		}
+	}
+}
+
+// printAcceptQueues shows, of a steered app, each worker's new
+// connections and its own accept queue, and each listener's total; of a
+// shared one, a listener's queue only when connections wait in it.
+func printAcceptQueues(out io.Writer, a api.App) {
+	steered := a.Balance == "even" || a.Balance == "sticky"
+	if steered {
+		for _, w := range a.Workers {
+			conns := "spare"
+			if w.NewConnections != nil {
+				conns = fmt.Sprintf("%d new connections", *w.NewConnections)
+			} else if !w.Spare {
+				conns = "new connections unknown"
+			}
+			queued := "accept queue unknown"
+			if w.Queued != nil {
+				queued = fmt.Sprintf("%d queued", *w.Queued)
+			}
+			fmt.Fprintf(out, "  %s[%d] pid %d: %s, %s\n", a.Name, w.Slot, w.PID, conns, queued)
+		}
+	}
+	for _, q := range a.AcceptQueues {
+		switch {
+		case steered:
+			fmt.Fprintf(out, "  listener %s: %d queued (backlog %d)\n", q.Listen, q.Queued, q.Backlog)
+		case q.Queued > 0:
+			fmt.Fprintf(out, "\n%s: %d connections wait in the accept queue of %s (backlog %d)\n", a.Name, q.Queued, q.Listen, q.Backlog)
 		}
 	}
 }

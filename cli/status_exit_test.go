@@ -86,3 +86,37 @@ func TestStatusShowsDrainingWorkers(t *testing.T) {
 		}
 	}
 }
+
+// A steered app lists each worker's new connections and accept queue (a
+// spare has no count; unknown figures say so, never 0) and its listeners'
+// queues; a shared app shows a listener's queue only while connections wait.
+func TestStatusShowsAcceptQueues(t *testing.T) {
+	n, zero, five := uint64(7), 0, 5
+	st := &api.Status{Apps: []api.App{
+		{Name: "web", State: "running", Balance: "even", Spares: 1,
+			AcceptQueues: []api.AcceptQueue{{Listen: "tcp 127.0.0.1:8080", Queued: 5, Backlog: 8192}},
+			Workers: []api.Worker{{Slot: 0, PID: 40, State: "ready", NewConnections: &n, Queued: &five},
+				{Slot: 1, PID: 41, State: "ready", Spare: true, Queued: &zero},
+				{Slot: 2, PID: 42, State: "ready"}}},
+		{Name: "api", State: "running", Balance: "shared",
+			AcceptQueues: []api.AcceptQueue{{Listen: "tcp 127.0.0.1:9090", Queued: 3, Backlog: 4096}}},
+		{Name: "idle", State: "running", Balance: "shared",
+			AcceptQueues: []api.AcceptQueue{{Listen: "tcp 127.0.0.1:9091", Queued: 0, Backlog: 4096}}},
+	}}
+	var b bytes.Buffer
+	printStatus(&b, st)
+	for _, w := range []string{
+		"  web[0] pid 40: 7 new connections, 5 queued\n",
+		"  web[1] pid 41: spare, 0 queued\n",
+		"  web[2] pid 42: new connections unknown, accept queue unknown\n",
+		"  listener tcp 127.0.0.1:8080: 5 queued (backlog 8192)\n",
+		"api: 3 connections wait in the accept queue of tcp 127.0.0.1:9090 (backlog 4096)\n",
+	} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("status lacks %q:\n%s", w, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "9091") {
+		t.Errorf("status shows an empty shared queue:\n%s", b.String())
+	}
+}

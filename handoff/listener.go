@@ -266,6 +266,20 @@ func (l *Listener) AcceptQueue() (queued, backlog int, ok bool) {
 	return int(info.Unacked), int(info.Sacked), true
 }
 
+// Inode returns the socket's inode, by which /proc/PID/fd and the
+// kernel's socket dumps (inet_diag) name it in every process that holds it.
+func (l *Listener) Inode() (uint64, error) {
+	fd, err := l.Fd()
+	if err != nil {
+		return 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(fd), &st); err != nil {
+		return 0, fmt.Errorf("fstat %s %s: %w", l.Network, l.Address, err)
+	}
+	return st.Ino, nil
+}
+
 // LocalAddr returns the bound address (a configured port 0 shows the real one).
 func (l *Listener) LocalAddr() (string, error) {
 	fd, err := l.Fd()

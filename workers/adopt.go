@@ -357,6 +357,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 		w.readyOnce.Do(func() { close(w.ready) })
 	}
 	w.members = adoptMembers(spec, h)
+	w.sockets = memberInodes(w.members) // nil for one already steered: found in /proc
 	w.serve(a, spec, c, h.Pending)
 	return w, nil
 }

@@ -3,8 +3,6 @@ package workers
 import (
 	"slices"
 	"time"
-
-	"github.com/deployd/deployd/handoff"
 )
 
 // state is everything a supervisor knows about its pool. It is owned by
@@ -32,9 +30,14 @@ type state struct {
 	ctr     Counters
 	// usage holds the CPU/RSS sample of each worker, taken once per tick.
 	usage map[*Worker]sample
-	// queues follows the accept queue of each listener (queue.go).
-	queues map[*handoff.Listener]*queueWatch
-	subs   map[*subscriber]struct{}
+	// queueReadings are the accept queues read at the last tick, and
+	// queues follows each over ticks (acceptq.go, queue.go);
+	// queueDumpFailed: the last dump of steered sockets failed (logged once).
+	queueReadings   []queueReading
+	queues          map[queueKey]*queueWatch
+	queueDumpFailed bool
+
+	subs map[*subscriber]struct{}
 	// handover is set between HandOver and Resume/Release; handedOver,
 	// once released, are the workers the next agent has: never stopped here.
 	handover   *handover

@@ -3,8 +3,6 @@ package workers
 import (
 	"fmt"
 	"slices"
-
-	"github.com/deployd/deployd/handoff"
 )
 
 // queueTicks is how many ticks in a row an accept queue must have stayed
@@ -18,31 +16,42 @@ type queueWatch struct {
 	warning     string
 }
 
-// checkQueues samples the accept queue of each of the app's listeners and
-// warns (agent log, Status) when one keeps growing: connections arrive and
-// no worker of the app accepts them (all stuck, or serving other sockets).
-// The warning clears when the queue shrinks. Run by the loop every tick.
+// queueKey names a watched queue: a shared listener's (w nil), or a
+// worker's own socket of a steered listener.
+type queueKey struct {
+	listen string
+	w      *Worker
+}
+
+// checkQueues samples the accept queues (sampleQueues) and warns (agent
+// log, Status) when one keeps growing: connections arrive and nobody
+// accepts them. A shared listener's queue is watched whole (no worker of
+// the app accepts: all stuck, or serving other sockets); a steered one's,
+// per worker, since the kernel gives each worker its own queue and one
+// stuck worker's grows while the others serve. The warning clears when the
+// queue shrinks. Run by the loop every tick.
 func (s *Supervisor) checkQueues(st *state) {
+	s.sampleQueues(st)
 	if st.queues == nil {
-		st.queues = map[*handoff.Listener]*queueWatch{}
+		st.queues = map[queueKey]*queueWatch{}
 	}
-	var live []*handoff.Listener
-	for _, b := range st.spec.Listeners {
-		l := b.Listener
-		n, backlog, ok := l.AcceptQueue()
-		if !ok {
-			continue
+	live := map[queueKey]bool{}
+	for _, r := range st.queueReadings {
+		if r.steered && r.w == nil {
+			continue // the sum of the workers' queues: watched one by one
 		}
-		live = append(live, l)
-		q := st.queues[l]
+		k := queueKey{r.listen, r.w}
+		live[k] = true
+		q := st.queues[k]
 		if q == nil {
 			q = &queueWatch{}
-			st.queues[l] = q
+			st.queues[k] = q
 		}
+		n := r.queued
 		switch {
 		case n == 0 || n < q.last:
 			if q.warning != "" {
-				s.log.Info("accept queue drains again", "listen", l.Network+" "+l.Address, "queued", n)
+				s.log.Info("accept queue drains again", "listen", r.listen, "queued", n)
 			}
 			*q = queueWatch{last: n}
 			continue
@@ -52,17 +61,35 @@ func (s *Supervisor) checkQueues(st *state) {
 		q.ticks++
 		q.last = n
 		if q.ticks >= queueTicks && n > q.first && q.warning == "" {
-			q.warning = fmt.Sprintf("%s %s: %d connections wait in the accept queue (backlog %d) and the number grows: "+
-				"no worker accepts them; check that the workers serve this listener and are not stuck", l.Network, l.Address, n, backlog)
-			s.log.Warn("accept queue grows while no worker accepts", "listen", l.Network+" "+l.Address,
-				"queued", n, "backlog", backlog)
+			q.warning = queueWarning(r)
+			s.log.Warn("accept queue grows while no worker accepts", "listen", r.listen,
+				"queued", n, "backlog", r.backlog, "pid", pidOf(r.w))
 		}
 	}
-	for l := range st.queues {
-		if !slices.Contains(live, l) {
-			delete(st.queues, l)
+	for k := range st.queues {
+		if !live[k] {
+			delete(st.queues, k)
 		}
 	}
+}
+
+// queueWarning words the warning of a growing queue.
+func queueWarning(r queueReading) string {
+	if r.w == nil {
+		return fmt.Sprintf("%s: %d connections wait in the accept queue (backlog %d) and the number grows: "+
+			"no worker accepts them; check that the workers serve this listener and are not stuck", r.listen, r.queued, r.backlog)
+	}
+	return fmt.Sprintf("%s: %d connections wait in the accept queue of worker %d (pid %d; backlog %d) and the number grows: "+
+		"the kernel steers connections to it and it does not accept them; check that it is not stuck", r.listen, r.queued,
+		r.w.Slot, r.w.PID, r.backlog)
+}
+
+// pidOf is w's pid, 0 for none.
+func pidOf(w *Worker) int {
+	if w == nil {
+		return 0
+	}
+	return w.PID
 }
 
 // queueWarnings lists the current accept-queue warnings.

@@ -263,7 +263,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
 		Started: time.Now(), spec: spec, proc: proc, startTime: start, tail: logs.NewTail(tailLines),
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, kept: kept,
-		members: members,
+		members: members, sockets: memberInodes(members),
 	}
 	w.serve(a, spec, c, nil)
 	return w, nil

@@ -38,6 +38,11 @@ type WorkerStatus struct {
 	// the worker since it took its place (Steered false: not counted).
 	SteeredConnections uint64
 	Steered            bool
+	// Queued counts the connections waiting in the worker's own sockets'
+	// accept queues (steered listeners) at the last tick (QueueKnown
+	// false: a shared pool, or not known).
+	Queued     int
+	QueueKnown bool
 	// Connections, of a draining worker only, counts the established TCP
 	// connections on its app's listeners that it still holds; nil where
 	// that is not known (see openConnections).
@@ -69,6 +74,9 @@ type AppStatus struct {
 	LastLines []string
 	// Warnings are accept queues that grow while no worker accepts.
 	Warnings []string
+	// AcceptQueues are the TCP listeners' accept queues at the last tick
+	// (acceptq.go).
+	AcceptQueues []ListenerQueue
 	// Busy is the operation that runs, nil when none.
 	Busy *BusyError
 	// Canary is the held canary, nil when none; LastCanary says how the
@@ -92,7 +100,8 @@ func (in *state) status(app string) AppStatus {
 	spares := in.spares()
 	st := AppStatus{State: in.app, Release: in.spec.Release, Instances: max(len(in.slots)-spares, 0), Balance: in.spec.Balance(),
 		Paused: in.connPause.status(), Spares: spares,
-		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings()}
+		LastExit: in.lastExit, LastLines: slices.Clone(in.lastLines), Warnings: in.queueWarnings(),
+		AcceptQueues: in.listenerQueues()}
 	if in.op != nil {
 		st.Busy = in.op.busy(app)
 	}
@@ -134,12 +143,14 @@ func (in *state) status(app string) AppStatus {
 
 func (in *state) workerStatus(w *Worker, now time.Time) WorkerStatus {
 	u := in.usage[w].usage
+	queued, known := in.workerQueue(w)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ws := WorkerStatus{Slot: w.Slot, PID: w.PID, State: w.state, Release: w.Release,
 		Generation: w.Generation, Uptime: now.Sub(w.Started),
 		CPUPercent: u.CPUPercent, RSSBytes: u.RSSBytes, Status: w.status,
-		HealthFailures: w.health.fails, HealthFailuresTotal: w.health.total, HealthError: w.health.last}
+		HealthFailures: w.health.fails, HealthFailuresTotal: w.health.total, HealthError: w.health.last,
+		Queued: queued, QueueKnown: known}
 	if !w.readyAt.IsZero() {
 		ws.ReadyAfter = w.readyAt.Sub(w.Started)
 	}

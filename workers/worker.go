@@ -83,6 +83,11 @@ type Worker struct {
 	// members are the agent's copies of the worker's own sockets (kernel
 	// steering, steer.go) until it is put in its slot.
 	members []member
+	// sockets are the inodes of the worker's own listening sockets (kernel
+	// steering), known from its start or found in its /proc/PID/fd; nil
+	// until known. Owned by the loop (acceptq.go) once the worker is in
+	// the pool.
+	sockets []uint64
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker

@@ -56,7 +56,10 @@ type App struct {
 	LastLines []string `json:"last_lines,omitempty"`
 	// Warnings are accept queues that grow while no worker accepts.
 	Warnings []string `json:"warnings,omitempty"`
-	Workers  []Worker `json:"workers"`
+	// AcceptQueues are the TCP listeners' accept queues, read once a
+	// second: connections the kernel holds that no worker accepted yet.
+	AcceptQueues []AcceptQueue `json:"accept_queues,omitempty"`
+	Workers      []Worker      `json:"workers"`
 	// Draining are old workers a reload (or a replacement) replaced, still
 	// draining in the background (state "draining") until they exit or
 	// their stop_timeout passes; not counted among the app's workers.
@@ -71,6 +74,14 @@ type App struct {
 	// Scaled is the count `deployd scale` set, which overrides the
 	// config's instances; 0 when the config's count applies.
 	Scaled int `json:"scaled,omitempty"`
+}
+
+// AcceptQueue is a listener's accept queue. Of a steered listener
+// (balance even or sticky), the sums over its workers' own sockets.
+type AcceptQueue struct {
+	Listen  string `json:"listen"` // "tcp 127.0.0.1:8080"
+	Queued  int    `json:"queued"`
+	Backlog int    `json:"backlog"`
 }
 
 // Worker is one worker process.
@@ -105,6 +116,10 @@ type Worker struct {
 	// NewConnections counts the new connections kernel steering gave the
 	// worker since it took its place (balance even or sticky only).
 	NewConnections *uint64 `json:"new_connections,omitempty"`
+	// Queued counts the connections waiting in the accept queue of the
+	// worker's own socket (balance even or sticky only; absent when not
+	// known), read once a second.
+	Queued *int `json:"queued,omitempty"`
 	// Connections, of a draining worker only, counts the established TCP
 	// connections on the app's listeners it still holds; absent where
 	// that is not known (an agent not run as root, a worker of another

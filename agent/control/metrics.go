@@ -112,11 +112,24 @@ var families = [][3]string{
 		"Output lines of the app's workers the agent could not write to its log files."},
 	{"deployd_app_health_check_failures_total", "counter",
 		"Failed liveness checks ([apps.NAME.health]) of the app's workers, replaced ones included."},
+	{"deployd_app_balance_info", "gauge", "How new connections reach the app's workers (value 1): the balance in effect " +
+		"(shared, even or sticky) and the one the config asks for; they differ where the kernel could not steer."},
+	{"deployd_app_spares", "gauge", "Spare workers the app keeps (balance even or sticky): on top of its workers, " +
+		"given no connection until one takes the place of a worker that exited."},
+	{"deployd_app_spares_ready", "gauge", "The app's spare workers that are ready to take a place."},
+	{"deployd_listener_accept_queue", "gauge", "Connections waiting in a listener's accept queue for a worker to accept " +
+		"them, read once a second; of a steered listener (balance even or sticky), the sum over its workers' own sockets."},
+	{"deployd_listener_accept_backlog", "gauge", "How many connections may wait in a listener's accept queue before the " +
+		"kernel refuses new ones; of a steered listener, the sum over its workers' own sockets."},
 	{"deployd_worker_info", "gauge", "A worker process (value 1) with its release, generation and state."},
 	{"deployd_worker_resident_memory_bytes", "gauge", "Resident memory of the worker process."},
 	{"deployd_worker_cpu_seconds_total", "counter", "User and system CPU time of the worker process."},
 	{"deployd_worker_start_time_seconds", "gauge", "When the worker started, in seconds since the epoch."},
 	{"deployd_worker_ready_seconds", "gauge", "How long the worker took from start to ready (only once ready)."},
+	{"deployd_worker_new_connections_total", "counter", "New connections kernel steering gave the worker since it " +
+		"took its place (balance even or sticky; absent for a spare)."},
+	{"deployd_worker_accept_queue", "gauge", "Connections waiting in the accept queue of the worker's own socket " +
+		"(balance even or sticky), read once a second."},
 	{"process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."},
 	{"process_resident_memory_bytes", "gauge", "Resident memory size in bytes."},
 	{"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."},
@@ -176,6 +189,7 @@ func (c *collector) collectApp(e *exposition, f agent.AppFigures) {
 	e.add("deployd_app_restarts_total", "", float64(ctr.Restarts), "app", name)
 	e.add("deployd_app_log_lines_dropped_total", "", float64(st.DroppedLogLines), "app", name)
 	e.add("deployd_app_health_check_failures_total", "", float64(ctr.HealthCheckFailures), "app", name)
+	collectBalance(e, f)
 	var count uint64
 	for _, o := range []string{workers.ReloadDone, workers.ReloadAbandoned, workers.ReloadFailed} {
 		e.add("deployd_app_reloads_total", "", float64(ctr.Reloads[o]), "app", name, "outcome", o)
@@ -206,6 +220,12 @@ func (c *collector) collectApp(e *exposition, f agent.AppFigures) {
 		if w.ReadyMillis > 0 {
 			e.add("deployd_worker_ready_seconds", "", float64(w.ReadyMillis)/1e3, "app", name, "slot", slot, "pid", pid)
 		}
+		if w.NewConnections != nil {
+			e.add("deployd_worker_new_connections_total", "", float64(*w.NewConnections), "app", name, "slot", slot, "pid", pid)
+		}
+		if w.Queued != nil {
+			e.add("deployd_worker_accept_queue", "", float64(*w.Queued), "app", name, "slot", slot, "pid", pid)
+		}
 	}
 	states := append([]string(nil), workerStates...)
 	for s := range byState {
@@ -213,6 +233,25 @@ func (c *collector) collectApp(e *exposition, f agent.AppFigures) {
 	}
 	for _, s := range states {
 		e.add("deployd_app_workers", "", float64(byState[s]), "app", name, "state", s)
+	}
+}
+
+// collectBalance adds how connections reach the app's workers: the
+// balance, the spares and each listener's accept queue.
+func collectBalance(e *exposition, f agent.AppFigures) {
+	st := f.Status
+	e.add("deployd_app_balance_info", "", 1, "app", st.Name, "balance", st.Balance, "asked", f.BalanceAsked)
+	ready := 0
+	for _, w := range st.Workers {
+		if w.Spare && w.State == string(workers.Ready) {
+			ready++
+		}
+	}
+	e.add("deployd_app_spares", "", float64(st.Spares), "app", st.Name)
+	e.add("deployd_app_spares_ready", "", float64(ready), "app", st.Name)
+	for _, q := range st.AcceptQueues {
+		e.add("deployd_listener_accept_queue", "", float64(q.Queued), "app", st.Name, "listen", q.Listen)
+		e.add("deployd_listener_accept_backlog", "", float64(q.Backlog), "app", st.Name, "listen", q.Listen)
 	}
 }
 

@@ -125,6 +125,85 @@ func TestListenerAcceptQueue(t *testing.T) {
 	}
 }
 
+// reusePortListener opens a TCP listening socket on 127.0.0.1:port with
+// SO_REUSEPORT and the given backlog; it returns the descriptor and the
+// socket's inode.
+func reusePortListener(t *testing.T, port, backlog int) (int, uint64) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, backlog); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return fd, st.Ino
+}
+
+// Each socket of a reuseport group is its own listener with its own
+// accept queue and backlog, and the dump names each by the inode its
+// holders see: how the agent reads a steered worker's queue. Connections
+// made and never accepted wait in the sockets' queues; the dump sees all
+// of them, and each socket's backlog as listen(2) set it.
+func TestListenerQueuesByInode(t *testing.T) {
+	fd1, ino1 := reusePortListener(t, 0, 7)
+	sa, err := unix.Getsockname(fd1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := sa.(*unix.SockaddrInet4).Port
+	_, ino2 := reusePortListener(t, p, 9)
+	const conns = 6
+	addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p)).String()
+	for range conns {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	backlogs := map[uint64]uint32{ino1: 7, ino2: 9}
+	// Each handshake completes on the client's last ACK, which may reach
+	// the listener a moment after connect returned.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		socks, err := TCP([]State{Listen}, func(s *Socket) bool { return s.Local.Port() == uint16(p) })
+		if err != nil || len(socks) != 2 {
+			t.Fatalf("listeners on port %d: %+v %v, want 2", p, socks, err)
+		}
+		var queued uint32
+		for _, s := range socks {
+			want, ok := backlogs[s.Inode]
+			if !ok {
+				t.Fatalf("listener %+v: inode %d is neither socket's (%d, %d)", s, s.Inode, ino1, ino2)
+			}
+			if s.SendQ != want || s.State != Listen {
+				t.Fatalf("listener %+v: backlog %d, want %d", s, s.SendQ, want)
+			}
+			queued += s.RecvQ
+		}
+		if queued == conns {
+			t.Logf("accept queues: %d and %d", socks[0].RecvQ, socks[1].RecvQ)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("accept queues hold %d connections, want %d: %+v", queued, conns, socks)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestNoState(t *testing.T) {
 	if _, err := TCP(nil, nil); err == nil {
 		t.Fatal("a dump of no state: no error")
@@ -152,5 +231,21 @@ func TestInodesOfAnotherUser(t *testing.T) {
 		}
 	case !errors.Is(err, os.ErrPermission):
 		t.Fatalf("Inodes(1) as uid %d (pid 1 is uid %d's): %v, want a permission error", os.Geteuid(), st.Uid, err)
+	}
+}
+
+// BenchmarkListenDump is what the agent pays each second per steered
+// app: one dump of the listening sockets on one port.
+func BenchmarkListenDump(b *testing.B) {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	p := port(l)
+	for b.Loop() {
+		if _, err := TCP([]State{Listen}, func(s *Socket) bool { return s.Local.Port() == p }); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
