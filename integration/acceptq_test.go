@@ -23,7 +23,8 @@ import (
 // spares and steered connections as status has them; the growing queue is
 // warned about, naming the worker; after SIGCONT it drains. The same
 // again after an agent upgrade, whose new agent adopts workers already
-// steered (it holds no copy of their sockets and finds them in /proc).
+// steered (it holds no copy of their sockets and finds them in /proc) and
+// goes on counting their new connections from where the old one was.
 //
 // The counts are exact: the kernel completes each handshake without the
 // worker and queues the connection on the socket the program picked; the
@@ -42,6 +43,13 @@ func TestSteeredAcceptQueuePerWorker(t *testing.T) {
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) })
 	before := allWorkerPIDs(st)
 	stopOneWorker(t, a, port, mport, true)
+	counts := map[int]uint64{} // pid → new connections before the upgrade
+	for _, w := range appOf(a.Status(), "web").Workers {
+		if w.NewConnections == nil || *w.NewConnections == 0 {
+			t.Fatalf("worker %d: new_connections %v before the upgrade, want a count above 0", w.PID, w.NewConnections)
+		}
+		counts[w.PID] = *w.NewConnections
+	}
 
 	cand := filepath.Join(t.TempDir(), "deployd-new")
 	CopyFile(t, bins.DeploydV2, cand)
@@ -57,13 +65,24 @@ func TestSteeredAcceptQueuePerWorker(t *testing.T) {
 	if now := allWorkerPIDs(st); fmt.Sprint(keys(now)) != fmt.Sprint(keys(before)) {
 		t.Fatalf("workers %v, before the upgrade %v: not adopted", keys(now), keys(before))
 	}
-	stopOneWorker(t, a, port, mport, false)
+	// The adopted workers' counts go on from where they were: the old
+	// agent hands over each place's count at the time its worker took it.
+	for _, w := range appOf(st, "web").Workers {
+		switch b := counts[w.PID]; {
+		case w.NewConnections == nil:
+			t.Fatalf("adopted worker %d: new_connections unknown after the upgrade (before: %d)", w.PID, b)
+		case *w.NewConnections < b:
+			t.Fatalf("adopted worker %d: new_connections %d after the upgrade, %d before: counted again from 0",
+				w.PID, *w.NewConnections, b)
+		}
+	}
+	stopOneWorker(t, a, port, mport, true)
 }
 
 // stopOneWorker stops the app's worker of slot 1 from accepting, connects
 // until the kernel steered some connections to it, checks status and
 // metrics, then resumes it and closes the connections. counted: the agent
-// started the workers, so it knows their new connections.
+// knows the workers' new connections.
 func stopOneWorker(t *testing.T, a *Agent, port, mport int, counted bool) {
 	ws := appOf(a.Status(), "web").Workers
 	if len(ws) != 2 {

@@ -217,6 +217,7 @@ func (o *op) startAdopting(spec *Spec, adopted map[int]*Worker, hs map[int]*Hand
 					sl.cur = w
 					if ps != nil {
 						ps.restore(sl)
+						st.adoptConnBase(sl, ps)
 					} else {
 						sl.restarts, sl.memoryReplacements, sl.watchdogReplacements =
 							h.Restarts, h.MemoryReplacements, h.WatchdogReplacements

@@ -166,8 +166,11 @@ type SlotHandover struct {
 	WatchdogReplacements int `json:"watchdog_replacements"`
 	HealthReplacements   int `json:"health_replacements"`
 	// Position is the slot's place in the kernel's steering map (steer.go),
-	// nil for a spare or a shared pool.
-	Position *int `json:"position,omitempty"`
+	// nil for a spare or a shared pool. ConnBase is the place's connection
+	// count when the slot's worker took it (the worker's own count is the
+	// place's count minus it), nil when not known.
+	Position *int    `json:"position,omitempty"`
+	ConnBase *uint64 `json:"conn_base,omitempty"`
 }
 
 // handover is what a supervisor handed over: its frozen operation, the
@@ -258,6 +261,9 @@ func (st *state) poolHandover() *PoolHandover {
 		}
 		if p, ok := st.pos[sl]; ok {
 			ps.Position = &p
+			if base, ok := st.connBase[sl.cur]; ok {
+				ps.ConnBase = &base
+			}
 		}
 		if w := sl.cur; w != nil {
 			ps.PID = w.PID

@@ -278,6 +278,19 @@ func adoptMembers(spec *Spec, h *Handover) []member {
 	return ms
 }
 
+// adoptConnBase takes over the connection count an adopted worker's place
+// had when the worker took it under the previous agent, so that its
+// new_connections go on counting from where they were.
+func (st *state) adoptConnBase(sl *slot, ps *SlotHandover) {
+	if _, placed := st.pos[sl]; !placed || ps.ConnBase == nil || sl.cur == nil {
+		return
+	}
+	if st.connBase == nil {
+		st.connBase = map[*Worker]uint64{}
+	}
+	st.connBase[sl.cur] = *ps.ConnBase
+}
+
 // positions gives the adopted workers' slots the places they had in the
 // steering map under the previous agent, so that the map and the spares
 // stay as they were; other slots get theirs from placeSlots.
