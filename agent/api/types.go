@@ -139,6 +139,7 @@ const (
 	EventNotice   EventType = "notice"   // a note about the operation
 	EventRemoved  EventType = "removed"  // an app left the config and is stopping
 	EventServing  EventType = "serving"  // a new worker took over its slot
+	EventCutover  EventType = "cutover"  // blue-green on a steered pool: the new workers took every position at once (Time: just before)
 	EventCrash    EventType = "crash"    // a worker exited on its own
 	EventRestart  EventType = "restart"  // a crashed worker's slot got a new worker
 	EventErrored  EventType = "errored"  // too many crashes: no more restarts

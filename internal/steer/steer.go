@@ -342,6 +342,19 @@ func (g *Group) Stage(slot int, fd uintptr) error {
 	return g.put(g.standby()+uint32(slot), fd)
 }
 
+// Unstage empties slot of the standby half (a Stage that is not to be
+// flipped in: the socket may then go in the live half).
+func (g *Group) Unstage(slot int) error {
+	if !g.CanFlip() || slot < 0 || slot >= MaxSlots {
+		return nil
+	}
+	err := g.socks.Delete(g.standby() + uint32(slot))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer: unstage slot %d: %w", slot, err)
+	}
+	return nil
+}
+
 // ErrNoStandby: the group's program came from an agent whose map had one
 // half only (taken over by FromFile), so it cannot switch a generation in
 // at once.
