@@ -285,7 +285,7 @@ func (s *Supervisor) cutover(st *state, group []*slot, news []*Worker, release s
 		}
 	}
 	if why := cutoverBlocked(st, group, staged, gs); why != "" {
-		s.log.Warn("blue-green: the new workers take their positions one by one", "why", why)
+		s.log.Info("blue-green: the new workers take their positions one by one", "why", why)
 		return nil
 	}
 	at := time.Now() // before the update: no connection reached a new worker earlier
