@@ -238,3 +238,43 @@ func TestBlueGreenNotReadyWorkerSwitchesNothing(t *testing.T) {
 	}
 	t.Logf("%d answers, all by the old pool; %s", len(samples), fmt.Sprint(ab))
 }
+
+// TestBlueGreenWithASpareAndAGrow: a blue-green reload from 2 serving
+// workers and a spare to 3 and a spare switches the 3 new serving workers
+// in at once; the new spare stays out of the map, the old ones stop, and
+// a later blue-green reload (back to the first half of the map) and a
+// rolling one still leave every serving worker answering.
+func TestBlueGreenWithASpareAndAGrow(t *testing.T) {
+	l, addr := steeredListener(t, handoff.BalanceEven)
+	spec := testSpec(t, l, "answer", 3)
+	spec.Spares = 1
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	next := nextSpec(spec, "answer")
+	next.Instances = 4
+	for i, strategy := range []Strategy{BlueGreen, BlueGreen, Rolling} {
+		var events []Event
+		if err := s.Reload(next, strategy, func(e Event) { events = append(events, e) }); err != nil {
+			t.Fatalf("reload %d: %v", i+1, err)
+		}
+		if n := countKind(events, EventCutover); n != map[Strategy]int{BlueGreen: 1, Rolling: 0}[strategy] {
+			t.Errorf("reload %d (%s): %d cutover events", i+1, strategy, n)
+		}
+		st := s.Status()
+		spare := spareOf(st)
+		if st.Instances != 3 || st.Spares != 1 || spare == 0 {
+			t.Fatalf("reload %d: %d instances, %d spares, spare %d; want 3, 1 and a ready spare", i+1, st.Instances, st.Spares, spare)
+		}
+		tl := load(addr, 1, 30, nil)
+		now := pids(currentWorkers(s))
+		if len(tl.failed) > 0 || len(tl.by) != 3 || tl.by[spare] != 0 {
+			t.Fatalf("reload %d: answers %v (failed %v) from the pool %v: want the 3 serving workers, not the spare %d", i+1, tl.by, tl.failed, now, spare)
+		}
+		for pid := range tl.by {
+			if !slices.Contains(now, pid) {
+				t.Fatalf("reload %d: pid %d answered; the pool is %v", i+1, pid, now)
+			}
+		}
+		next = nextSpec(next, "answer")
+	}
+}
