@@ -100,7 +100,8 @@ type Worker struct {
 	// worker (0 once due); absent when recycle_after is off.
 	RecycleInSeconds *float64 `json:"recycle_in_seconds,omitempty"`
 	// Spare: ready, but given no connection until it takes the place of
-	// a worker that crashed (the app's spares).
+	// a worker that crashed (the app's spares), or, a new worker of a
+	// steered app, until its reload switches it in.
 	Spare bool `json:"spare,omitempty"`
 	// NewConnections counts the new connections kernel steering gave the
 	// worker since it took its place (balance even or sticky only).
