@@ -76,8 +76,9 @@ type config struct {
 }
 
 // Group is the program and maps of one address's reuseport group. Its
-// methods are single syscalls on kernel objects and safe for concurrent
-// use; the caller keeps the configuration consistent (one owner).
+// methods are a syscall or two on kernel objects and safe for concurrent
+// use; the caller keeps the configuration consistent (one owner: a Set or
+// Stage racing a Flip may land in either half).
 type Group struct {
 	prog   *ebpf.Program
 	socks  *ebpf.Map // REUSEPORT_SOCKARRAY: half + slot → socket
