@@ -211,6 +211,8 @@ func checkCutover(t *testing.T, events []api.Event, answers []timedAnswer, stick
 	}
 	var wrong []string
 	count := map[string]int{}
+	lateV1, lateV1Max := 0, time.Duration(0) // v1 new connections opened after the cutover's stamp, before the drain
+
 	runs := map[string][]timedAnswer{} // per source: the answers where the worker changed
 	for _, a := range answers {
 		count[a.ver]++
@@ -219,6 +221,8 @@ func checkCutover(t *testing.T, events []api.Event, answers []timedAnswer, stick
 			wrong = append(wrong, fmt.Sprintf("v2 (pid %d) answered %s before the cutover", a.pid, cut.Sub(a.got)))
 		case a.ver == "v1" && !a.reused && a.sent.After(drain):
 			wrong = append(wrong, fmt.Sprintf("v1 (pid %d) answered a connection opened %s after the first drain began", a.pid, a.sent.Sub(drain)))
+		case a.ver == "v1" && !a.reused && a.sent.After(cut):
+			lateV1, lateV1Max = lateV1+1, max(lateV1Max, a.sent.Sub(cut))
 		case a.ver != "v1" && a.ver != "v2":
 			wrong = append(wrong, fmt.Sprintf("pid %d answered as %q", a.pid, a.ver))
 		}
@@ -249,8 +253,9 @@ func checkCutover(t *testing.T, events []api.Event, answers []timedAnswer, stick
 		}
 		latest = max(latest, r[1].sent.Sub(cut))
 	}
-	t.Logf("%v answers; cutover %s after the last v2 worker was ready, first drain %s after the cutover; every client's first v2 answer was sent at most %s after the cutover",
-		count, cut.Sub(lastReady).Round(time.Microsecond), drain.Sub(cut).Round(time.Microsecond), latest.Round(time.Microsecond))
+	t.Logf("%v answers; cutover %s after the last v2 worker was ready, first drain %s after the cutover; every client's first v2 answer was sent at most %s after the cutover; %d v1 answers to connections opened after the cutover's stamp (at most %s after)",
+		count, cut.Sub(lastReady).Round(time.Microsecond), drain.Sub(cut).Round(time.Microsecond), latest.Round(time.Microsecond),
+		lateV1, lateV1Max.Round(time.Microsecond))
 }
 
 // TestBlueGreenNeverReadyKeepsV1Alone: on a steered pool, a blue-green
