@@ -284,9 +284,16 @@ func TestAgentKillWithSteeredPool(t *testing.T) {
 	extra := `balance = "even"`
 	a := NewAgentDir(t, bins, versionedApp(port, instances, "v1", "", extra))
 	a.Start()
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	stop := startLoad(t, port, 8, 2*time.Minute)
+	// A blue-green reload first: the second half of the steering map is
+	// live when the agent dies.
+	a.WriteConfig(versionedApp(port, instances, "v2", "", extra))
+	if r := a.CLI("reload", "web", "--strategy", "blue-green"); r.Code != 0 || !strings.Contains(r.Stderr, "web: cutover") {
+		t.Fatalf("blue-green reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
+	}
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
 	before := allWorkerPIDs(st)
-	stop := startLoad(t, port, 8, 2*time.Minute)
 	pid := a.PID()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -297,16 +304,16 @@ func TestAgentKillWithSteeredPool(t *testing.T) {
 	if now := allWorkerPIDs(st); fmt.Sprint(keys(now)) != fmt.Sprint(keys(before)) {
 		t.Fatalf("workers %v, before the kill %v: not adopted\n%s", keys(now), keys(before), a.Log())
 	}
-	a.WriteConfig(versionedApp(port, instances, "v2", "", extra))
+	a.WriteConfig(versionedApp(port, instances, "v1", "", extra))
 	if r := a.CLI("reload", "web"); r.Code != 0 {
 		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
 	}
-	ka, nka := stop()
-	requireNoFailures(t, "an agent SIGKILL and a reload", ka, nka)
 	for p, v := range identities(t, port, PIDs(appOf(a.Status(), "web"))) {
-		if v != "v2" {
+		if v != "v1" {
 			t.Errorf("worker %d answers %s after the reload", p, v)
 		}
 	}
+	ka, nka := stop()
+	requireNoFailures(t, "a blue-green reload, an agent SIGKILL and a reload", ka, nka)
 	t.Logf("balance after the agent's crash: %q", appOf(a.Status(), "web").Balance)
 }
