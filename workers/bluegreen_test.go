@@ -278,3 +278,45 @@ func TestBlueGreenWithASpareAndAGrow(t *testing.T) {
 		next = nextSpec(next, "answer")
 	}
 }
+
+// TestBlueGreenCanaryOnASteeredPool: a blue-green canary and its promote
+// cannot switch the whole pool at once (the other workers keep their
+// places); they move slot by slot, lose nothing, and leave every worker
+// answering.
+func TestBlueGreenCanaryOnASteeredPool(t *testing.T) {
+	l, addr := steeredListener(t, handoff.BalanceEven)
+	spec := testSpec(t, l, "answer", 3)
+	s := newSupervisor(t, spec)
+	mustStart(t, s)
+	stop := make(chan struct{})
+	var during *tally
+	done := make(chan struct{})
+	go func() { defer close(done); during = load(addr, 2, 100000, stop) }()
+	var events []Event
+	collect := func(e Event) { events = append(events, e) }
+	err := s.ReloadCanary(nextSpec(spec, "answer"), BlueGreen, Canary{N: 1}, collect)
+	if err == nil {
+		_, err = s.Promote(collect)
+	}
+	close(stop)
+	<-done
+	if err != nil {
+		t.Fatalf("canary or promote: %v", err)
+	}
+	if len(during.failed) > 0 {
+		t.Fatalf("%d requests failed: %v", len(during.failed), during.failed[:min(5, len(during.failed))])
+	}
+	if n := countKind(events, EventCutover); n != 0 {
+		t.Errorf("%d cutover events for a canary and its promote", n)
+	}
+	now := pids(currentWorkers(s))
+	tl := load(addr, 1, 30, nil)
+	if len(tl.failed) > 0 || len(tl.by) != 3 {
+		t.Fatalf("answers %v (failed %v); want all 3 of %v", tl.by, tl.failed, now)
+	}
+	for pid := range tl.by {
+		if !slices.Contains(now, pid) {
+			t.Fatalf("pid %d answered; the pool is %v", pid, now)
+		}
+	}
+}

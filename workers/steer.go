@@ -317,7 +317,7 @@ func cutoverBlocked(st *state, group []*slot, staged map[*Worker]int, gs []*stee
 	}
 	for sl := range st.pos {
 		if !slices.Contains(group, sl) && sl.index < st.spec.Instances {
-			return fmt.Sprintf("worker %d keeps its position (a canary, already on the new release)", sl.index)
+			return fmt.Sprintf("worker %d keeps its place through this switch (a canary's batch, or the promote after one)", sl.index)
 		}
 	}
 	for w := range staged {
