@@ -29,7 +29,9 @@ func reloadCommand() *cli.Command {
 		Description: "Re-reads the config file and moves each named app (all apps if none) to it.\n" +
 			"rolling (default): for max_surge slots at a time, start a new worker, wait until\n" +
 			"it is ready (the first batch also stays up min_ready), then drain the old one.\n" +
-			"blue-green: start every new worker, wait until all are, then drain every old one.\n" +
+			"blue-green: start every new worker, wait until all are, then drain every old one;\n" +
+			"with balance even or sticky, all new workers take their places at one moment\n" +
+			"(one kernel map update, the cutover event) before any old one stops.\n" +
 			"A new worker that is not ready within ready_timeout, or exits (any status) before\n" +
 			"the reload ended, abandons the reload: the new workers stop and the old version\n" +
 			"keeps serving. An invalid config changes nothing.\n\n" + canaryHelp + "\n" +

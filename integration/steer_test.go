@@ -25,10 +25,11 @@ func needSteering(t *testing.T) {
 }
 
 // TestSteeredPoolsUnderLoadDropNothing: with balance even and sticky,
-// reloads, a scale down and up, and an agent upgrade (the new agent takes
-// the steering program over) under the keep-alive and new-connection
-// loads lose no request; afterwards every worker answers (each is in the
-// kernel's map).
+// reloads (rolling and blue-green, which switches the live half of the
+// kernel's map), a scale down and up, and an agent upgrade (the new agent
+// takes the steering program over, and which half is live) under the
+// keep-alive and new-connection loads lose no request; afterwards every
+// worker answers (each is in the kernel's map).
 func TestSteeredPoolsUnderLoadDropNothing(t *testing.T) {
 	needSteering(t)
 	for _, balance := range []string{"even", "sticky"} {
@@ -45,16 +46,20 @@ func TestSteeredPoolsUnderLoadDropNothing(t *testing.T) {
 			}
 			stop := startLoad(t, port, 20, 3*time.Minute)
 			ver := "v1"
-			reload := func(step string) {
+			reload := func(step, strategy string) {
 				t.Helper()
 				ver = map[string]string{"v1": "v2", "v2": "v1"}[ver]
 				a.WriteConfig(versionedApp(port, instances, ver, "", extra))
-				if r := a.CLI("reload", "web"); r.Code != 0 {
+				r := a.CLI("reload", "web", "--strategy", strategy)
+				if r.Code != 0 {
 					t.Fatalf("%s: exit %d\n%s\n%s", step, r.Code, r.Stderr, a.Log())
 				}
+				if cut := strings.Contains(r.Stderr, "web: cutover"); cut != (strategy == "blue-green") {
+					t.Fatalf("%s (%s): a cutover line %v:\n%s", step, strategy, cut, r.Stderr)
+				}
 			}
-			for i := range 3 {
-				reload(fmt.Sprintf("reload %d", i+1))
+			for i, strategy := range []string{"rolling", "blue-green", "rolling"} {
+				reload(fmt.Sprintf("reload %d", i+1), strategy)
 			}
 			for _, n := range []string{"2", "3"} {
 				if r := a.CLI("scale", "web", n); r.Code != 0 {
@@ -67,7 +72,21 @@ func TestSteeredPoolsUnderLoadDropNothing(t *testing.T) {
 				t.Fatalf("upgrade: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
 			}
 			a.WaitFor("adopted", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
-			reload("reload after the upgrade")
+			reload("reload after the upgrade", "rolling")
+			// The new agent writes to the half of the map the program
+			// reads: the program itself gives every new worker connections.
+			chosen := PIDs(a.App("web"))
+			if balance == "sticky" {
+				stickyIdentities(t, port, chosen)
+			} else {
+				identities(t, port, chosen)
+			}
+			for _, w := range a.App("web").Workers {
+				if w.NewConnections == nil || *w.NewConnections == 0 {
+					t.Errorf("after the upgrade and a reload, the program gave worker %d (pid %d) no connection", w.Slot, w.PID)
+				}
+			}
+			reload("blue-green reload after the upgrade", "blue-green")
 			ka, nka := stop()
 			requireNoFailures(t, "keep-alive clients", ka)
 			requireNoFailures(t, "new-connection clients", nka)
@@ -265,9 +284,16 @@ func TestAgentKillWithSteeredPool(t *testing.T) {
 	extra := `balance = "even"`
 	a := NewAgentDir(t, bins, versionedApp(port, instances, "v1", "", extra))
 	a.Start()
+	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	stop := startLoad(t, port, 8, 2*time.Minute)
+	// A blue-green reload first: the second half of the steering map is
+	// live when the agent dies.
+	a.WriteConfig(versionedApp(port, instances, "v2", "", extra))
+	if r := a.CLI("reload", "web", "--strategy", "blue-green"); r.Code != 0 || !strings.Contains(r.Stderr, "web: cutover") {
+		t.Fatalf("blue-green reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
+	}
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
 	before := allWorkerPIDs(st)
-	stop := startLoad(t, port, 8, 2*time.Minute)
 	pid := a.PID()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -278,16 +304,16 @@ func TestAgentKillWithSteeredPool(t *testing.T) {
 	if now := allWorkerPIDs(st); fmt.Sprint(keys(now)) != fmt.Sprint(keys(before)) {
 		t.Fatalf("workers %v, before the kill %v: not adopted\n%s", keys(now), keys(before), a.Log())
 	}
-	a.WriteConfig(versionedApp(port, instances, "v2", "", extra))
+	a.WriteConfig(versionedApp(port, instances, "v1", "", extra))
 	if r := a.CLI("reload", "web"); r.Code != 0 {
 		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
 	}
-	ka, nka := stop()
-	requireNoFailures(t, "an agent SIGKILL and a reload", ka, nka)
 	for p, v := range identities(t, port, PIDs(appOf(a.Status(), "web"))) {
-		if v != "v2" {
+		if v != "v1" {
 			t.Errorf("worker %d answers %s after the reload", p, v)
 		}
 	}
+	ka, nka := stop()
+	requireNoFailures(t, "a blue-green reload, an agent SIGKILL and a reload", ka, nka)
 	t.Logf("balance after the agent's crash: %q", appOf(a.Status(), "web").Balance)
 }

@@ -6,12 +6,13 @@ import "time"
 type EventKind string
 
 // Event kinds. A reload's progress callback gets started, ready, failed,
-// draining and exited; subscribers get every kind.
+// cutover, draining and exited; subscribers get every kind.
 const (
 	EventStarted  EventKind = "started"  // a worker process was started
 	EventReady    EventKind = "ready"    // a worker reported ready
 	EventFailed   EventKind = "failed"   // a new worker did not get ready, or could not start
 	EventServing  EventKind = "serving"  // a new worker took over its slot
+	EventCutover  EventKind = "cutover"  // a blue-green generation took every position of the steering map at once
 	EventDraining EventKind = "draining" // a worker was told to stop and finish in-flight work
 	EventExited   EventKind = "exited"   // a worker the supervisor stopped is gone
 	EventCrash    EventKind = "crash"    // a worker exited on its own

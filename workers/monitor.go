@@ -95,7 +95,7 @@ func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 
 // replace replaces c's worker with a new one on spec, ready first.
 func (o *op) replace(c overLimit, spec *Spec) {
-	if _, err := o.replaceGroup([]*slot{c.sl}, spec, spec.MinReady, c.why); err != nil {
+	if _, err := o.replaceGroup([]*slot{c.sl}, spec, spec.MinReady, c.why, false); err != nil {
 		o.s.log.Error("replacement did not get ready; the old worker stays", "worker", c.sl.index,
 			"reason", c.why, "error", err)
 		return

@@ -98,7 +98,11 @@ func (o *op) publish(e Event, change func(*state)) Event {
 
 // step is publish, and also reports e to the operation's progress callback.
 func (o *op) step(e Event, change func(*state)) {
-	e = o.publish(e, change)
+	o.report(o.publish(e, change))
+}
+
+// report hands e, published already, to the operation's progress callback.
+func (o *op) report(e Event) {
 	if e.Time.IsZero() { // the loop has ended: stamp it here
 		e.Time, e.App = time.Now(), o.s.opts.App
 	}

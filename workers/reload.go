@@ -17,7 +17,9 @@ const (
 	// ready, stop old.
 	Rolling Strategy = "rolling"
 	// BlueGreen starts every new worker, waits until all are ready, then
-	// stops every old one.
+	// stops every old one. On a steered pool the new workers wait as
+	// spares and take every position in one update of the kernel's map
+	// before any old one is told to stop (cutover, steer.go).
 	BlueGreen Strategy = "blue-green"
 )
 
@@ -131,7 +133,7 @@ func (o *op) rollOut(done, todo, added []*slot, started []*Worker, old, spec *Sp
 		if i == 0 && bake {
 			wait = spec.MinReady
 		}
-		news, err := o.replaceGroup(group, spec, wait, "")
+		news, err := o.replaceGroup(group, spec, wait, "", strategy == BlueGreen)
 		if err == nil {
 			// A new worker that exits before the reload ends abandons it:
 			// its slot is rolled back with the others.
@@ -187,7 +189,7 @@ func abandon(err error) *AbandonedError {
 func (o *op) rollback(done []*slot, spec *Spec) bool {
 	ok := true
 	for _, sl := range done {
-		if _, err := o.replaceGroup([]*slot{sl}, spec, 0, "rollback"); err != nil {
+		if _, err := o.replaceGroup([]*slot{sl}, spec, 0, "rollback", false); err != nil {
 			o.s.log.Error("rollback of a slot failed; it keeps the new version", "worker", sl.index, "error", err)
 			ok = false
 		}
@@ -196,13 +198,14 @@ func (o *op) rollback(done []*slot, spec *Spec) bool {
 }
 
 // replaceGroup starts a new worker on spec for every slot of group, waits
-// until all are ready and have stayed up bake since, swaps them in, then
-// tells the old ones to stop and leaves them draining in the background;
-// it returns the new workers. If one is not
+// until all are ready and have stayed up bake since, swaps them in (with
+// together, on a steered pool, in one update of the kernel's map: cutover),
+// then tells the old ones to stop and leaves them draining in the
+// background; it returns the new workers. If one is not
 // ready or exits before the swap, every new worker of the group is stopped
 // and the old ones keep their slots. One that exits after the swap is the
 // caller's to check (exitedEarly).
-func (o *op) replaceGroup(group []*slot, spec *Spec, bake time.Duration, note string) ([]*Worker, error) {
+func (o *op) replaceGroup(group []*slot, spec *Spec, bake time.Duration, note string, together bool) ([]*Worker, error) {
 	news, err := o.startNews(group, spec, note)
 	if err == nil {
 		var bad *Worker
@@ -239,7 +242,7 @@ func (o *op) replaceGroup(group []*slot, spec *Spec, bake time.Duration, note st
 	// The old workers drain in the background: each has its stop signal
 	// (it stops accepting) before the next batch starts, but the roll does
 	// not wait for its streams to end.
-	for _, d := range o.swapIn(group, news, spec, note) {
+	for _, d := range o.swapIn(group, news, spec, note, together) {
 		o.drainInBackground(d)
 	}
 	return news, nil
@@ -278,22 +281,42 @@ func (o *op) stopNews(group []*slot, news []*Worker) {
 	wg.Wait()
 }
 
-// swapIn makes news[k] the current worker of group[k]; it returns the
-// drains of the workers they replace (none for a new slot), set aside in
-// the same change, so that their exit is never taken for a crash.
-func (o *op) swapIn(group []*slot, news []*Worker, spec *Spec, note string) []*drain {
+// swapIn makes news[k] the current worker of group[k], all in one turn of
+// the loop; it returns the drains of the workers they replace (none for a
+// new slot), set aside in the same change, so that their exit is never
+// taken for a crash. With together, a steered pool first switches the
+// whole group in at once (cutover); otherwise each new worker takes its
+// position as its slot changes (steerPool).
+func (o *op) swapIn(group []*slot, news []*Worker, spec *Spec, note string, together bool) []*drain {
 	var olds []*drain
-	for k, sl := range group {
-		nw := news[k]
-		o.publish(Event{Type: EventServing, Slot: sl.index, PID: nw.PID, Release: spec.Release, Message: note},
-			func(st *state) {
-				sl.extra = slices.DeleteFunc(sl.extra, func(w *Worker) bool { return w == nw })
-				if sl.cur != nil {
-					olds = append(olds, st.drainAside(sl.cur))
+	var c *cut
+	o.s.call(func(st *state) {
+		if together {
+			c = o.s.cutover(st, group, news, spec.Release)
+		}
+		for k, sl := range group {
+			nw := news[k]
+			o.s.changeStateTo(st, Event{Type: EventServing, Slot: sl.index, PID: nw.PID, Release: spec.Release, Message: note},
+				func() {
+					sl.extra = slices.DeleteFunc(sl.extra, func(w *Worker) bool { return w == nw })
+					if sl.cur != nil {
+						olds = append(olds, st.drainAside(sl.cur))
+					}
+					sl.cur, sl.spec, sl.backoff = nw, spec, spec.Restart.Backoff
+					o.s.watch(sl, nw)
+				})
+		}
+		if c != nil {
+			for w, n := range c.base {
+				if st.connBase == nil {
+					st.connBase = map[*Worker]uint64{}
 				}
-				sl.cur, sl.spec, sl.backoff = nw, spec, spec.Restart.Backoff
-				o.s.watch(sl, nw)
-			})
+				st.connBase[w] = n
+			}
+		}
+	})
+	if c != nil {
+		o.report(c.event)
 	}
 	return olds
 }

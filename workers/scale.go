@@ -43,7 +43,7 @@ func (s *Supervisor) Scale(n int, progress func(Event)) error {
 		})
 	})
 	if len(added) > 0 {
-		news, err := o.replaceGroup(added, spec, spec.MinReady, "scale up")
+		news, err := o.replaceGroup(added, spec, spec.MinReady, "scale up", false)
 		if err == nil {
 			err = exitedEarly(news) // one that exits before the scale ends fails it
 		}

@@ -32,7 +32,8 @@ type WorkerStatus struct {
 	RecycleIn time.Duration
 	Recycles  bool
 	// Spare: the worker is ready but gets no connection until it takes
-	// the place of one that is not (Spec.Spares).
+	// the place of one that is not (Spec.Spares), or, a new worker of a
+	// steered pool, until its reload switches it in.
 	Spare bool
 	// SteeredConnections counts the new connections kernel steering gave
 	// the worker since it took its place (Steered false: not counted).
@@ -131,7 +132,11 @@ func (in *state) status(app string) AppStatus {
 			st.Workers = append(st.Workers, ws)
 		}
 		for _, w := range sl.extra {
-			st.Workers = append(st.Workers, in.workerStatus(w, now))
+			ws := in.workerStatus(w, now)
+			// A new worker of a steered pool is out of the map until it
+			// takes its slot: ready, it waits like a spare.
+			ws.Spare = ws.State == Ready && w.hasMembers()
+			st.Workers = append(st.Workers, ws)
 		}
 	}
 	for _, w := range in.drainingWorkers() {

@@ -1,8 +1,10 @@
 package workers
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/steer"
@@ -17,6 +19,10 @@ import (
 //   - a slot's current worker is put in the map once it is ready: a reload
 //     replaces the old worker's socket in one map update, before the old
 //     worker is told to stop, so the old one gets no new connection;
+//   - a blue-green reload keeps its new workers out of the map, ready like
+//     spares, until all are; then it puts them in the map's standby half
+//     and makes that half live in one update (cutover), so that every
+//     position changes at the same moment;
 //   - slots past the pool's size are emptied before their workers drain;
 //   - a socket that closes (its worker drained, stopped or crashed) leaves
 //     the map by itself, and the kernel hands its queued connections to
@@ -248,6 +254,156 @@ func (s *Supervisor) steerIn(slot int, w *Worker) {
 		}
 	}
 	closeMembers(ms)
+}
+
+// cut is a cutover done: its event, and the connection count of each new
+// worker's position at that moment (connBase, set once they are current).
+type cut struct {
+	event Event
+	base  map[*Worker]uint64
+}
+
+// cutover switches the new workers of a blue-green group in at once: for
+// each steered listener, the own socket of every new worker whose slot has
+// a position goes to that position in the map's standby half, then one
+// update makes that half live (steer.Group.Flip), before any old worker is
+// told to stop. The old workers' sockets stay in the other half, taking no
+// new connection, until they close and the kernel moves their queues over.
+// It returns nil when the pool is not steered or the group cannot be
+// switched at once: then each new worker takes its position as its slot
+// changes (steerPool), and the agent log says why. Run by the loop, just
+// before the group's slots change.
+func (s *Supervisor) cutover(st *state, group []*slot, news []*Worker, release string) *cut {
+	gs := steeredGroups(st.spec)
+	if len(gs) == 0 {
+		return nil
+	}
+	staged := map[*Worker]int{}
+	for k, sl := range group {
+		if p, ok := st.pos[sl]; ok {
+			staged[news[k]] = p
+		}
+	}
+	if why := cutoverBlocked(st, group, staged, gs); why != "" {
+		s.log.Info("blue-green: the new workers take their positions one by one", "why", why)
+		return nil
+	}
+	at := time.Now() // before the update: no connection reached a new worker earlier
+	switched := false
+	for _, g := range gs {
+		switched = s.flipIn(g, staged, st.steerActive) || switched
+	}
+	if !switched {
+		return nil
+	}
+	c := &cut{base: map[*Worker]uint64{}}
+	for w, p := range staged {
+		c.base[w] = countAt(gs, p)
+	}
+	c.event = s.changeStateTo(st, Event{Type: EventCutover, Time: at, Release: release,
+		Message: fmt.Sprintf("%d new workers took every position at once", len(staged))}, nil)
+	return c
+}
+
+// cutoverBlocked says why the group cannot be switched in at once, "" if
+// it can: every position must belong to a slot of group (or to one the
+// reload removes), and every new worker placed must still hold its own
+// sockets.
+func cutoverBlocked(st *state, group []*slot, staged map[*Worker]int, gs []*steer.Group) string {
+	for _, g := range gs {
+		if !g.CanFlip() {
+			return steer.ErrNoStandby.Error()
+		}
+	}
+	for sl := range st.pos {
+		if !slices.Contains(group, sl) && sl.index < st.spec.Instances {
+			return fmt.Sprintf("worker %d keeps its place through this switch (a canary's batch, or the promote after one)", sl.index)
+		}
+	}
+	for w := range staged {
+		if !w.hasMembers() {
+			return fmt.Sprintf("the new worker %d (pid %d) holds no socket of its own", w.Slot, w.PID)
+		}
+	}
+	return ""
+}
+
+// flipIn stages the own socket of g of every worker of staged at its
+// position, then makes the standby half live, and closes the agent's
+// copies of those sockets. The standby half's other active positions are
+// emptied first: a worker of two generations ago may not have closed its
+// socket yet. On error it unstages them and keeps the copies (steerPool
+// then puts the workers in one by one), and reports false.
+func (s *Supervisor) flipIn(g *steer.Group, staged map[*Worker]int, active int) bool {
+	taken := map[int]bool{}
+	for _, p := range staged {
+		taken[p] = true
+	}
+	for p := range active {
+		if !taken[p] {
+			if err := g.Unstage(p); err != nil {
+				s.log.Error("steering: cannot empty a standby position", "worker", p, "error", err)
+			}
+		}
+	}
+	var done []int
+	for w, p := range staged {
+		err := w.stage(g, p)
+		if err == nil {
+			done = append(done, p)
+			continue
+		}
+		s.log.Error("steering: cannot stage a new worker; they take their positions one by one", "worker", w.Slot, "pid", w.PID, "error", err)
+		unstage(g, done)
+		return false
+	}
+	if err := g.Flip(); err != nil {
+		s.log.Error("steering: cannot switch the new workers in at once; they take their positions one by one", "error", err)
+		unstage(g, done)
+		return false
+	}
+	for w := range staged {
+		closeMembers(w.takeMembersOf(g))
+	}
+	return true
+}
+
+func unstage(g *steer.Group, positions []int) {
+	for _, p := range positions {
+		g.Unstage(p)
+	}
+}
+
+// stage puts w's own socket of g at position p of g's standby half.
+func (w *Worker) stage(g *steer.Group, p int) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range w.members {
+		if m.group != g {
+			continue
+		}
+		fd, err := m.sock.Fd()
+		if err != nil {
+			return err
+		}
+		return g.Stage(p, fd)
+	}
+	return fmt.Errorf("worker %d holds no socket of its own for this listener", w.Slot)
+}
+
+// takeMembersOf is takeMembers for g's socket alone.
+func (w *Worker) takeMembersOf(g *steer.Group) []member {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []member
+	w.members = slices.DeleteFunc(w.members, func(m member) bool {
+		if m.group == g {
+			out = append(out, m)
+			return true
+		}
+		return false
+	})
+	return out
 }
 
 // steerStream names a worker's i-th own socket in a Handover.

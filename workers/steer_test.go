@@ -22,7 +22,11 @@ func init() { helpers["answer"] = answer }
 // answer serves fd 3: every connection gets "PID\n" and is closed. On
 // SIGTERM it stops accepting (closes its socket), answers what it accepted
 // and exits.
-func answer() int {
+func answer() int { return serveAnswers(true) }
+
+// serveAnswers is answer; with ready false it serves without ever
+// reporting readiness.
+func serveAnswers(ready bool) int {
 	term := notifyTerm()
 	ln, err := net.FileListener(os.NewFile(3, "listener"))
 	if err != nil {
@@ -46,8 +50,10 @@ func answer() int {
 			}()
 		}
 	}()
-	if err := sdNotify("READY=1"); err != nil {
-		return 5
+	if ready {
+		if err := sdNotify("READY=1"); err != nil {
+			return 5
+		}
 	}
 	<-term
 	ln.Close()

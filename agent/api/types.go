@@ -111,7 +111,8 @@ type Worker struct {
 	// worker (0 once due); absent when recycle_after is off.
 	RecycleInSeconds *float64 `json:"recycle_in_seconds,omitempty"`
 	// Spare: ready, but given no connection until it takes the place of
-	// a worker that crashed (the app's spares).
+	// a worker that crashed (the app's spares), or, a new worker of a
+	// steered app, until its reload switches it in.
 	Spare bool `json:"spare,omitempty"`
 	// NewConnections counts the new connections kernel steering gave the
 	// worker since it took its place (balance even or sticky only).
@@ -154,6 +155,7 @@ const (
 	EventNotice   EventType = "notice"   // a note about the operation
 	EventRemoved  EventType = "removed"  // an app left the config and is stopping
 	EventServing  EventType = "serving"  // a new worker took over its slot
+	EventCutover  EventType = "cutover"  // blue-green on a steered pool: the new workers took every position at once (Time: just before)
 	EventCrash    EventType = "crash"    // a worker exited on its own
 	EventRestart  EventType = "restart"  // a crashed worker's slot got a new worker
 	EventErrored  EventType = "errored"  // too many crashes: no more restarts

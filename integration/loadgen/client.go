@@ -20,13 +20,20 @@ const maxBody = 1 << 20
 // client sends one request at a time over its own transport, so with KeepAlive each
 // client holds exactly one connection. Owned by the goroutine running run.
 type client struct {
-	o    Options
-	http *http.Client
-	rec  *recorder
+	o      Options
+	http   *http.Client
+	rec    *recorder
+	id     int
+	source string
 }
 
-func newClient(o Options, rec *recorder) *client {
+func newClient(o Options, rec *recorder, id int) *client {
 	dialer := &net.Dialer{Timeout: o.Timeout, Control: dialLoopbackOnly}
+	source := ""
+	if len(o.Sources) > 0 {
+		source = o.Sources[id%len(o.Sources)]
+		dialer.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
+	}
 	tr := &http.Transport{
 		Proxy:               nil, // never a proxy from the environment
 		DialContext:         dialer.DialContext,
@@ -39,8 +46,10 @@ func newClient(o Options, rec *recorder) *client {
 		ForceAttemptHTTP2:   o.HTTP2,
 	}
 	return &client{
-		o:   o,
-		rec: rec,
+		o:      o,
+		rec:    rec,
+		id:     id,
+		source: source,
 		http: &http.Client{
 			Transport: tr,
 			// A redirect is a response to check, not something to follow.
@@ -61,7 +70,12 @@ func dialLoopbackOnly(_, address string, _ syscall.RawConn) error {
 func (c *client) run(ctx context.Context, b *bounds) {
 	defer c.http.CloseIdleConnections()
 	for b.next(ctx) {
-		c.rec.record(c.do(ctx))
+		s := c.do(ctx)
+		c.rec.record(s)
+		if c.o.Observe != nil && !s.aborted {
+			c.o.Observe(Observation{Client: c.id, Source: c.source, Sent: s.sent, Got: s.got,
+				Reused: s.reused, Body: s.body, Err: s.err})
+		}
 	}
 }
 
@@ -75,6 +89,11 @@ type sample struct {
 	connect     bool  // err is a connect error
 	refused     bool  // err is a refused connection (ECONNREFUSED)
 	retried     bool  // the transport used more than one connection: counted as a failure
+	// For Options.Observe: when it was sent and answered (zero: no answer), whether its
+	// connection was reused, and the body's start.
+	sent, got time.Time
+	reused    bool
+	body      string
 }
 
 func (c *client) do(ctx context.Context) sample {
@@ -104,11 +123,13 @@ func (c *client) do(ctx context.Context) sample {
 			return sample{aborted: true}
 		}
 		return sample{err: err, retried: retried, connect: isConnectError(err, fresh.Load(), firstByte.Load()),
-			refused: errors.Is(err, syscall.ECONNREFUSED)}
+			refused: errors.Is(err, syscall.ECONNREFUSED), sent: t0, reused: !fresh.Load()}
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	resp.Body.Close()
-	s := sample{gotResponse: true, latency: time.Since(t0), version: versionOf(body), retried: retried}
+	got := time.Now()
+	s := sample{gotResponse: true, latency: got.Sub(t0), version: versionOf(body), retried: retried,
+		sent: t0, got: got, reused: !fresh.Load(), body: string(body[:min(len(body), 200)])}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return sample{aborted: true}

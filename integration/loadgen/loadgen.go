@@ -41,6 +41,23 @@ type Options struct {
 	// Check judges every response; the default wants status 200 and a body starting with
 	// "version=". It is called concurrently from all clients.
 	Check func(status int, body []byte) error
+	// Sources, when set, are loopback addresses the clients connect from, client i from
+	// Sources[i % len(Sources)] (kernel steering tells sticky clients by address).
+	Sources []string
+	// Observe, when set, gets every counted request as it ends, for a test that needs to
+	// know when each was sent and who answered. It is called concurrently from all clients.
+	Observe func(Observation)
+}
+
+// Observation is one counted request, for Options.Observe.
+type Observation struct {
+	Client int       // 0 .. Clients-1
+	Source string    // its Sources address, "" without
+	Sent   time.Time // just before the request was sent (before any dial)
+	Got    time.Time // when the response was read; zero without one
+	Reused bool      // it went on a connection an earlier request had opened
+	Body   string    // the response body's first 200 bytes
+	Err    error     // as counted in Failures; nil when it passed Check
 }
 
 // Result summarises a run, or the part of it done so far.
@@ -105,8 +122,8 @@ func Start(ctx context.Context, o Options) (*Load, error) {
 	}
 	bounds := &bounds{stop: l.stop, deadline: l.start.Add(o.MaxDuration), max: int64(o.MaxRequests)}
 	var wg sync.WaitGroup
-	for range o.Clients {
-		c := newClient(o, l.rec)
+	for i := range o.Clients {
+		c := newClient(o, l.rec, i)
 		wg.Go(func() { c.run(ctx, bounds) })
 	}
 	go func() {
@@ -172,6 +189,11 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("loadgen: MaxDuration = %v, want > 0", o.MaxDuration)
 	case o.Timeout < 0:
 		return o, fmt.Errorf("loadgen: Timeout = %v, want >= 0", o.Timeout)
+	}
+	for _, src := range o.Sources {
+		if !isLoopbackIP(src) {
+			return o, fmt.Errorf("%w: source %q", ErrNotLoopback, src)
+		}
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second

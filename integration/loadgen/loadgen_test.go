@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -355,5 +356,45 @@ func TestRefusedCountsEveryRefusal(t *testing.T) {
 	}
 	if res.Requests != 50 || res.Refused != 50 || res.ConnectErrors != 50 || res.Failures != 50 {
 		t.Errorf("got %s, want 50 requests all refused", res)
+	}
+}
+
+// TestSourcesAndObserve: each client connects from its Sources address,
+// and Observe sees every counted request with its times, connection reuse
+// and body; a source that is not loopback is refused.
+func TestSourcesAndObserve(t *testing.T) {
+	var fromSecond atomic.Int64
+	s := newServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.RemoteAddr, "127.0.0.3:") {
+			fromSecond.Add(1)
+		}
+		ok(n, w, r)
+	})
+	var mu sync.Mutex
+	var seen []Observation
+	res, err := Run(context.Background(), Options{URL: s.URL + "/", Clients: 2, KeepAlive: true, MaxRequests: 40,
+		MaxDuration: time.Minute, Sources: []string{"127.0.0.2", "127.0.0.3"}, Observe: func(o Observation) {
+			mu.Lock()
+			seen = append(seen, o)
+			mu.Unlock()
+		}})
+	if err != nil || res.Failures != 0 {
+		t.Fatalf("%v, %v", res, err)
+	}
+	reused := 0
+	for _, o := range seen {
+		if o.Source != []string{"127.0.0.2", "127.0.0.3"}[o.Client] || o.Got.Before(o.Sent) || !strings.HasPrefix(o.Body, "version=v1") || o.Err != nil {
+			t.Fatalf("observation %+v", o)
+		}
+		if o.Reused {
+			reused++
+		}
+	}
+	if len(seen) != 40 || reused != 38 || fromSecond.Load() == 0 || fromSecond.Load() == 40 {
+		t.Errorf("%d observations (%d reused), %d requests from 127.0.0.3; want 40 (38), some", len(seen), reused, fromSecond.Load())
+	}
+	if _, err := Run(context.Background(), Options{URL: s.URL + "/", Clients: 1, MaxRequests: 1, MaxDuration: time.Second,
+		Sources: []string{"192.0.2.1"}}); !errors.Is(err, ErrNotLoopback) {
+		t.Errorf("a source off loopback: %v, want ErrNotLoopback", err)
 	}
 }

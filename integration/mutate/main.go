@@ -126,6 +126,20 @@ var mutations = []mutation{
 		New:   `		_, _ = k, v`,
 		Tests: []target{{"./handoff", "Notify"}, {"./integration", "^TestReadinessModes$"}},
 	},
+	{
+		Name: "a blue-green worker takes its position as it gets ready",
+		File: "workers/steer.go",
+		Old: `	for sl, p := range st.pos {
+		w := sl.cur`,
+		New: `	for sl, p := range st.pos {
+		for _, x := range sl.extra {
+			if x.isReady() && x.hasMembers() {
+				s.steerIn(p, x)
+			}
+		}
+		w := sl.cur`,
+		Tests: []target{{"./workers", "TestBlueGreen"}, {"./integration", "^TestBlueGreen(CutoverOnSteeredPools|NeverReadyKeepsV1Alone)$"}},
+	},
 }
 
 func main() {

@@ -16,6 +16,7 @@ type config struct {
 	readyFile       string
 	exitBeforeReady int
 	neverReady      bool
+	neverReadySlot  string
 	crashAfter      time.Duration
 	crashCode       int
 	ignoreSIGTERM   bool
@@ -42,6 +43,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.readyFile, "ready-file", "", "after the startup delay, wait until `PATH` exists before serving and getting ready")
 	fs.IntVar(&c.exitBeforeReady, "exit-before-ready", -1, "exit with this code instead of getting ready (-1: off)")
 	fs.BoolVar(&c.neverReady, "never-ready", false, "serve but never signal readiness")
+	fs.StringVar(&c.neverReadySlot, "never-ready-slot", "", "-never-ready in the worker of slot `N` (DEPLOYD_WORKER) only")
 	fs.DurationVar(&c.crashAfter, "crash-after", 0, "exit this long after getting ready (code -crash-code)")
 	fs.IntVar(&c.crashCode, "crash-code", exitFailure, "exit code of -crash-after (0: a release that ends right after its ready line)")
 	fs.BoolVar(&c.ignoreSIGTERM, "ignore-sigterm", false, "ignore SIGTERM (SIGINT still stops)")

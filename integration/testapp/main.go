@@ -87,8 +87,8 @@ func run(args []string) int {
 	srv := worker.NewServer(&http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second})
 	srv.Serve(listeners)
 
-	if cfg.neverReady {
-		warnf("serving but never signalling readiness (-never-ready)")
+	if cfg.neverReady || (cfg.neverReadySlot != "" && cfg.neverReadySlot == a.slot) {
+		warnf("serving but never signalling readiness (-never-ready, -never-ready-slot)")
 	} else {
 		a.signalReady()
 		a.startWatchdog()

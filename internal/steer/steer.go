@@ -5,7 +5,9 @@
 // turn (Even) or by the client's IP address (Sticky). The program is attached as BPF_SK_REUSEPORT_SELECT_OR_MIGRATE,
 // so the kernel also asks it where the queued connections of a socket that
 // closes go (request migration, Linux 5.14): a worker that stops, drains or
-// crashes hands them to another instead of resetting them. The agent is
+// crashes hands them to another instead of resetting them. The map has a
+// standby half beside the live one, so that a whole new generation of
+// sockets can be switched in by one update (Stage, Flip). The agent is
 // never on the data path.
 //
 // The program is written with cilium/ebpf's asm package, so building needs
@@ -18,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -49,9 +52,15 @@ func (m Mode) String() string {
 
 // MaxSlots bounds a group's slots (workers and spares); Hold is the map
 // index of the socket that keeps connections while the group is held.
+// The socket map has two halves of MaxSlots, on either side of Hold: the
+// live one, which the program picks from, and a standby one, where Stage
+// puts the sockets of a whole new generation that Flip then makes live in
+// one update (an atomic cutover).
 const (
 	MaxSlots = 256
 	Hold     = MaxSlots
+	// secondHalf is where the second half starts.
+	secondHalf = MaxSlots + 1
 )
 
 // ErrUnavailable wraps every reason steering cannot work here (no BPF, no
@@ -67,46 +76,56 @@ type config struct {
 }
 
 // Group is the program and maps of one address's reuseport group. Its
-// methods are single syscalls on kernel objects and safe for concurrent
-// use; the caller keeps the configuration consistent (one owner).
+// methods are a syscall or two on kernel objects and safe for concurrent
+// use; the caller keeps the configuration consistent (one owner: a Set or
+// Stage racing a Flip may land in either half).
 type Group struct {
 	prog   *ebpf.Program
-	socks  *ebpf.Map // REUSEPORT_SOCKARRAY: slot → socket
+	socks  *ebpf.Map // REUSEPORT_SOCKARRAY: half + slot → socket
 	cfg    *ebpf.Map // ARRAY of one config
 	counts *ebpf.Map // ARRAY: slot → connections given to it
+	// base is an ARRAY of one uint32, the first index of the live half
+	// (0 or secondHalf); nil for a program taken over from an agent that
+	// had one half only (FromFile), which cannot Flip. live caches it.
+	base *ebpf.Map
+	live atomic.Uint32
 }
 
 // New loads a program and its maps in mode m, with no slot active. An
 // error wraps ErrUnavailable when the kernel or the privileges do not allow
 // it.
 func New(m Mode) (*Group, error) {
-	socks, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deployd_socks", Type: ebpf.ReusePortSockArray,
-		KeySize: 4, ValueSize: 8, MaxEntries: MaxSlots + 1})
-	if err != nil {
-		return nil, unavailable("create the socket map", err)
+	g := &Group{}
+	specs := []struct {
+		m    **ebpf.Map
+		spec ebpf.MapSpec
+		what string
+	}{
+		{&g.socks, ebpf.MapSpec{Name: "deployd_socks", Type: ebpf.ReusePortSockArray,
+			KeySize: 4, ValueSize: 8, MaxEntries: secondHalf + MaxSlots}, "socket"},
+		{&g.cfg, ebpf.MapSpec{Name: "deployd_steer", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1}, "config"},
+		{&g.counts, ebpf.MapSpec{Name: "deployd_counts", Type: ebpf.Array,
+			KeySize: 4, ValueSize: 8, MaxEntries: MaxSlots + 1}, "counter"},
+		// Its own map, so that a previous agent's code, which looks for
+		// the three above by type and size, still finds them.
+		{&g.base, ebpf.MapSpec{Name: "deployd_base", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1}, "half"},
 	}
-	cfg, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deployd_steer", Type: ebpf.Array,
-		KeySize: 4, ValueSize: 16, MaxEntries: 1})
-	if err != nil {
-		socks.Close()
-		return nil, unavailable("create the config map", err)
-	}
-	counts, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deployd_counts", Type: ebpf.Array,
-		KeySize: 4, ValueSize: 8, MaxEntries: MaxSlots + 1})
-	if err != nil {
-		socks.Close()
-		cfg.Close()
-		return nil, unavailable("create the counter map", err)
+	for _, ms := range specs {
+		m, err := ebpf.NewMap(&ms.spec)
+		if err != nil {
+			g.Close()
+			return nil, unavailable("create the "+ms.what+" map", err)
+		}
+		*ms.m = m
 	}
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "deployd_steer", Type: ebpf.SkReuseport,
-		AttachType: ebpf.AttachSkReuseportSelectOrMigrate, License: "GPL", Instructions: program(socks, cfg, counts)})
+		AttachType: ebpf.AttachSkReuseportSelectOrMigrate, License: "GPL",
+		Instructions: program(g.socks, g.cfg, g.counts, g.base)})
 	if err != nil {
-		socks.Close()
-		cfg.Close()
-		counts.Close()
+		g.Close()
 		return nil, unavailable("load the sk_reuseport program", err)
 	}
-	g := &Group{prog: prog, socks: socks, cfg: cfg, counts: counts}
+	g.prog = prog
 	if err := g.write(func(c *config) { c.Mode = uint32(m) }); err != nil {
 		g.Close()
 		return nil, err
@@ -151,11 +170,16 @@ const (
 //	even:   slot = arrivals % active (turns, in arrival order)
 //	sticky: slot = mix(client IPv4, or the last word of an IPv6) % active
 //	then the first live slot from there on (a crashed worker's socket has
-//	left the map: its clients all go to the next one).
+//	left the map: its clients all go to the next one), in the live half
+//	(the base map's index, 0 without one).
 //
 // No live slot: SK_PASS without a choice, the kernel's own hash among the
 // group's listening sockets (workers still starting).
-func program(socks, cfg, counts *ebpf.Map) asm.Instructions {
+//
+// Stack: fp-4 a lookup key (0), fp-8 the map index to select, fp-12 the
+// client address, fp-16 the arrival counter, fp-20 the live half's first
+// index, fp-24 the slot counted.
+func program(socks, cfg, counts, base *ebpf.Map) asm.Instructions {
 	selectSlot := func(label string) asm.Instructions { // key at fp-8
 		return asm.Instructions{
 			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol(label),
@@ -170,7 +194,15 @@ func program(socks, cfg, counts *ebpf.Map) asm.Instructions {
 	p = append(p,
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
-		asm.LoadMapPtr(asm.R1, cfg.FD()),
+		asm.StoreImm(asm.RFP, -20, 0, asm.Word),
+		asm.LoadMapPtr(asm.R1, base.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "config"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.StoreMem(asm.RFP, -20, asm.R1, asm.Word),
+		asm.LoadMapPtr(asm.R1, cfg.FD()).WithSymbol("config"),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -4),
 		asm.FnMapLookupElem.Call(),
@@ -219,15 +251,19 @@ func program(socks, cfg, counts *ebpf.Map) asm.Instructions {
 		asm.Mov.Reg(asm.R1, asm.R9),
 		asm.Add.Reg(asm.R1, asm.R8),
 		asm.Mod.Reg32(asm.R1, asm.R7),
+		asm.StoreMem(asm.RFP, -24, asm.R1, asm.Word),
+		asm.LoadMem(asm.R2, asm.RFP, -20, asm.Word),
+		asm.Add.Reg32(asm.R1, asm.R2),
 		asm.StoreMem(asm.RFP, -8, asm.R1, asm.Word),
 	)
 	p = append(p, selectSlot("try")...)
 	p = append(p,
 		asm.JNE.Imm(asm.R0, 0, "next"),
-		// Count the connection in its slot (status shows each worker's).
+		// Count the connection in its slot (status shows each worker's),
+		// whichever half it is in.
 		asm.LoadMapPtr(asm.R1, counts.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -8),
+		asm.Add.Imm(asm.R2, -24),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "pass"),
 		asm.Mov.Imm(asm.R1, 1),
@@ -280,24 +316,97 @@ func (g *Group) SetActive(n int) error {
 	return g.write(func(c *config) { c.Active = uint32(n) })
 }
 
-// Set puts the listening socket fd in slot (replacing, in one step, the
-// one there). The map does not keep the socket open: it leaves the map
-// when its last descriptor closes.
+// Set puts the listening socket fd in slot of the live half (replacing,
+// in one step, the one there), or in Hold. The map does not keep the
+// socket open: it leaves the map when its last descriptor closes. A socket
+// is in one place of the map at most (the kernel refuses a second).
 func (g *Group) Set(slot int, fd uintptr) error {
-	if slot < 0 || slot > Hold {
-		return fmt.Errorf("steer: slot %d out of range 0..%d", slot, Hold)
+	if slot == Hold {
+		return g.put(Hold, fd)
 	}
-	if err := g.socks.Put(uint32(slot), uint64(fd)); err != nil {
-		return fmt.Errorf("steer: put socket in slot %d: %w", slot, err)
+	if slot < 0 || slot >= MaxSlots {
+		return fmt.Errorf("steer: slot %d out of range 0..%d", slot, MaxSlots-1)
+	}
+	return g.put(g.live.Load()+uint32(slot), fd)
+}
+
+// Stage puts the listening socket fd in slot of the standby half, where
+// the program does not look until Flip: the socket is in the group but
+// gets no connection. ErrNoStandby without one (CanFlip).
+func (g *Group) Stage(slot int, fd uintptr) error {
+	if !g.CanFlip() {
+		return ErrNoStandby
+	}
+	if slot < 0 || slot >= MaxSlots {
+		return fmt.Errorf("steer: slot %d out of range 0..%d", slot, MaxSlots-1)
+	}
+	return g.put(g.standby()+uint32(slot), fd)
+}
+
+// Unstage empties slot of the standby half (a Stage that is not to be
+// flipped in: the socket may then go in the live half).
+func (g *Group) Unstage(slot int) error {
+	if !g.CanFlip() || slot < 0 || slot >= MaxSlots {
+		return nil
+	}
+	err := g.socks.Delete(g.standby() + uint32(slot))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer: unstage slot %d: %w", slot, err)
 	}
 	return nil
 }
 
-// Clear empties slot; an empty slot is skipped.
+// ErrNoStandby: the group's program came from an agent whose map had one
+// half only (taken over by FromFile), so it cannot switch a generation in
+// at once.
+var ErrNoStandby = errors.New("steer: this steering program has no standby half (loaded by an older agent); a generation can only be switched in slot by slot until the app's listener is opened again")
+
+// CanFlip reports whether the group has a standby half (Stage, Flip).
+func (g *Group) CanFlip() bool { return g.base != nil }
+
+func (g *Group) standby() uint32 {
+	if g.live.Load() == 0 {
+		return secondHalf
+	}
+	return 0
+}
+
+func (g *Group) put(index uint32, fd uintptr) error {
+	if err := g.socks.Put(index, uint64(fd)); err != nil {
+		return fmt.Errorf("steer: put socket in map index %d: %w", index, err)
+	}
+	return nil
+}
+
+// Flip makes the standby half live, in one map update: every new
+// connection from then on goes to the sockets Stage put there, none to
+// those of the half that was live (its sockets stay in the map, taking no
+// connection, until they close; a closing one's queued connections move
+// to the live half). Set then writes to the new live half.
+func (g *Group) Flip() error {
+	if !g.CanFlip() {
+		return ErrNoStandby
+	}
+	next := g.standby()
+	if err := g.base.Put(uint32(0), next); err != nil {
+		return fmt.Errorf("steer: switch halves: %w", err)
+	}
+	g.live.Store(next)
+	return nil
+}
+
+// Clear empties slot in both halves; an empty slot is skipped.
 func (g *Group) Clear(slot int) error {
-	err := g.socks.Delete(uint32(slot))
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("steer: clear slot %d: %w", slot, err)
+	if slot < 0 || slot >= MaxSlots {
+		return fmt.Errorf("steer: slot %d out of range 0..%d", slot, MaxSlots-1)
+	}
+	for _, i := range []uint32{uint32(slot), secondHalf + uint32(slot)} {
+		if i >= g.socks.MaxEntries() {
+			continue
+		}
+		if err := g.socks.Delete(i); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("steer: clear slot %d: %w", slot, err)
+		}
 	}
 	return nil
 }
@@ -318,7 +427,10 @@ func (g *Group) Unhold() error {
 	if err := g.write(func(c *config) { c.Held = 0 }); err != nil {
 		return err
 	}
-	return g.Clear(Hold)
+	if err := g.socks.Delete(uint32(Hold)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer: clear the hold socket: %w", err)
+	}
+	return nil
 }
 
 // Attach attaches the program to the reuseport group of the listening
@@ -382,12 +494,21 @@ func (g *Group) findMaps() error {
 			g.cfg = m
 		case m.Type() == ebpf.Array && m.ValueSize() == 8 && g.counts == nil:
 			g.counts = m
+		case m.Type() == ebpf.Array && m.ValueSize() == 4 && g.base == nil:
+			g.base = m
 		default:
 			m.Close()
 		}
 	}
 	if g.socks == nil || g.cfg == nil || g.counts == nil {
 		return errors.New("steer: the program passed on is not deployd's: its maps are missing")
+	}
+	if g.base != nil {
+		var live uint32
+		if err := g.base.Lookup(uint32(0), &live); err != nil {
+			return fmt.Errorf("steer: read the live half: %w", err)
+		}
+		g.live.Store(live)
 	}
 	return nil
 }
@@ -418,7 +539,7 @@ func (g *Group) Close() error {
 	if g.prog != nil {
 		errs = append(errs, g.prog.Close())
 	}
-	for _, m := range []*ebpf.Map{g.socks, g.cfg, g.counts} {
+	for _, m := range []*ebpf.Map{g.socks, g.cfg, g.counts, g.base} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -301,5 +302,95 @@ func TestUnavailableWrapsTheReason(t *testing.T) {
 	err := unavailable("load", unix.EPERM)
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, unix.EPERM) {
 		t.Fatalf("%v", err)
+	}
+}
+
+// TestFlipSwitchesAGenerationAtOnce: sockets staged in the standby half
+// get no connection, however many arrive, until Flip; from then on every
+// new connection goes to them and none to the old ones, whose queue moves
+// to the new when they close.
+func TestFlipSwitchesAGenerationAtOnce(t *testing.T) {
+	for _, m := range []Mode{Even, Sticky} {
+		t.Run(m.String(), func(t *testing.T) {
+			g := needGroup(t, m)
+			p := newPool(t, g, 3)
+			news := make([]*os.File, 3)
+			for i := range news {
+				news[i] = p.listen(t, g)
+				if err := g.Stage(i, news[i].Fd()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			all := append(slices.Clone(p.socks), news...)
+			cs := clients(t, p.addr)
+			if got := counts(t, all); got[3]+got[4]+got[5] != 0 || got[0]+got[1]+got[2] != len(cs) {
+				t.Fatalf("before the flip: queues %v, want all %d on the old sockets 0-2", got, len(cs))
+			}
+			if err := g.Flip(); err != nil {
+				t.Fatal(err)
+			}
+			before := counts(t, all)
+			cs = append(cs, clients(t, p.addr)...)
+			after := counts(t, all)
+			if after[0]+after[1]+after[2] != before[0]+before[1]+before[2] || after[3]+after[4]+after[5] != len(cs)/2 {
+				t.Fatalf("after the flip: queues %v → %v, want all %d new connections on the new sockets 3-5", before, after, len(cs)/2)
+			}
+			if n, err := g.Count(0); err != nil || n == 0 {
+				t.Errorf("slot 0 counted %d, %v, over both halves", n, err)
+			}
+			for _, f := range p.socks { // the old generation drains
+				f.Close()
+			}
+			if got := counts(t, news); got[0]+got[1]+got[2] != len(cs) {
+				t.Fatalf("after the old sockets closed: queues %v, want all %d", got, len(cs))
+			}
+			echoAll(t, news, cs)
+		})
+	}
+}
+
+// clients dials 2 connections from each of 10 client addresses, one
+// address after the other.
+func clients(t *testing.T, addr string) []net.Conn {
+	t.Helper()
+	var cs []net.Conn
+	for c := 2; c < 12; c++ {
+		cs = append(cs, dial(t, addr, fmt.Sprintf("127.0.0.%d", c), 2)...)
+	}
+	return cs
+}
+
+// TestFlipCarriesOverFromFile: the next agent reads which half is live,
+// so that Set goes on writing there.
+func TestFlipCarriesOverFromFile(t *testing.T) {
+	g := needGroup(t, Even)
+	p := newPool(t, g, 1)
+	next := p.listen(t, g)
+	if err := g.Stage(0, next.Fd()); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Flip(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := g.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g2, err := FromFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g2.Close()
+	if !g2.CanFlip() {
+		t.Fatal("a group taken over lost its standby half")
+	}
+	third := p.listen(t, g2)
+	if err := g2.Set(0, third.Fd()); err != nil { // replaces next, in the live half
+		t.Fatal(err)
+	}
+	dial(t, p.addr, "", 6)
+	if got := counts(t, []*os.File{p.socks[0], next, third}); got[2] != 6 {
+		t.Fatalf("queues %v: Set after a takeover must write to the live half", got)
 	}
 }
