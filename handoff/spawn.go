@@ -60,6 +60,11 @@ type Proc struct {
 	// Ignored with Pin, which needs the shim.
 	Direct bool
 	Exec   string
+	// Cgroup, when UseCgroup is set, is an open cgroup v2 folder the
+	// process starts in (clone3 CLONE_INTO_CGROUP, Linux >= 5.7): the
+	// worker and everything it starts stay there, daemons included.
+	UseCgroup bool
+	Cgroup    int
 }
 
 // Start forks the shim with the listeners as fds 3.. in a new process group.
@@ -131,8 +136,10 @@ func Start(p Proc) (*os.Process, error) {
 		Env:   env,
 		Files: files,
 		Sys: &syscall.SysProcAttr{
-			Setpgid:    true,
-			Credential: p.Credential,
+			Setpgid:     true,
+			Credential:  p.Credential,
+			UseCgroupFD: p.UseCgroup,
+			CgroupFD:    p.Cgroup,
 		},
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)

@@ -13,6 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// maxProcs bounds the entries of /proc that one sweep reads.
+const maxProcs = 1 << 17
+
 // sweep lists the live processes of a unit without a cgroup: in its
 // process group, or with its marker in their environment (read from
 // /proc/PID/environ: root reads every process's). The caller itself never
@@ -22,7 +25,7 @@ func (u *Unit) sweep() []int {
 	if err != nil {
 		return nil
 	}
-	names, _ := d.Readdirnames(-1)
+	names, _ := d.Readdirnames(maxProcs)
 	d.Close()
 	marker := []byte(MarkerVar + "=" + u.id)
 	self := os.Getpid()
@@ -63,6 +66,9 @@ func (u *Unit) member(pid int, marker []byte) bool {
 		if start, err := strconv.ParseUint(string(f[19]), 10, 64); err == nil && start < u.since {
 			return false
 		}
+	}
+	if u.id == "" {
+		return false // a record without a marker (Reopen): its group alone
 	}
 	env, err := readBounded("/proc/"+strconv.Itoa(pid)+"/environ", 1<<20)
 	if err != nil {

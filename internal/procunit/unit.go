@@ -1,6 +1,7 @@
 // Package procunit runs a command as a tracked unit: the command and every
 // process it starts, daemons that left its session included, so that none
-// outlives it unseen. Where the agent can make one, the unit is a cgroup v2
+// outlives it unseen (the agent's hooks, and its workers, whose units a
+// next agent finds again through a Record). Where the agent can make one, the unit is a cgroup v2
 // child of the agent's own cgroup, which the command starts in (clone3
 // CLONE_INTO_CGROUP) and cgroup.kill empties at once; elsewhere it is the
 // command's process group plus every process whose environment carries the
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,41 +55,82 @@ type Proc struct {
 
 func (p Proc) String() string { return fmt.Sprintf("pid %d (%s)", p.PID, p.Name) }
 
-// noCgroup, when set (tests), makes Start use the sweep.
+// noCgroup, when set (tests), makes New use the sweep.
 var noCgroup = false
 
-// Start starts the command build returns (its Stdout and Stderr should be
-// *os.File, so that Wait returns when the command exits, not when the last
-// holder of its output does) in a new unit named name (letters, digits,
-// '-', '_', '.'): in a new process group, with MarkerVar added to its Env
-// (os.Environ() when nil), in a new cgroup when one can be made. When the
-// command cannot start in the cgroup (a kernel without clone3's
-// CLONE_INTO_CGROUP), the cgroup is dropped and a second command from
-// build starts tracked by the sweep.
-func Start(name string, build func() *exec.Cmd) (*exec.Cmd, *Unit, error) {
+// EnvNoCgroup, set to 1 in the agent's environment, makes every unit use
+// the process group and marker sweep even where a cgroup could be made: a
+// failpoint for tests of the fallback (a host without cgroup v2, or an
+// agent that may not make a cgroup).
+const EnvNoCgroup = "DEPLOYD_TEST_NO_CGROUP"
+
+// New makes a unit named name (letters, digits, '-', '_', '.'), in a new
+// cgroup when one can be made. Its command must start in a new process
+// group with Env in its environment and, while CgroupFD says so, in the
+// cgroup (clone3 CLONE_INTO_CGROUP: SysProcAttr.UseCgroupFD); then call
+// Started with its pid, or DropCgroup when it could not start.
+func New(name string) *Unit {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	u := &Unit{id: hex.EncodeToString(b[:])}
-	if !noCgroup {
+	if !noCgroup && os.Getenv(EnvNoCgroup) != "1" {
 		u.cg = newCgroup(name + "-" + u.id[:8])
 	}
+	return u
+}
+
+// Env is the marker variable of the unit's processes, NAME=VALUE.
+func (u *Unit) Env() string { return MarkerVar + "=" + u.id }
+
+// CgroupFD is the open cgroup folder to start the command in; false when
+// the unit has no cgroup (or the command started already).
+func (u *Unit) CgroupFD() (int, bool) {
+	if u.cg == nil || u.cg.fd < 0 {
+		return 0, false
+	}
+	return u.cg.fd, true
+}
+
+// DropCgroup removes the unit's cgroup (a command that could not start in
+// it, or not at all): the unit tracks by the sweep from now on.
+func (u *Unit) DropCgroup() {
 	if u.cg != nil {
-		cmd := u.prepare(build())
-		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, u.cg.fd
-		err := cmd.Start()
-		if err == nil {
-			u.pgid, u.since = cmd.Process.Pid, startTime(cmd.Process.Pid)
-			u.cg.closeFD()
-			return cmd, u, nil
-		}
 		_ = u.cg.remove()
 		u.cg = nil
+	}
+}
+
+// Started records the unit's command, pid, once it started.
+func (u *Unit) Started(pid int) {
+	u.pgid, u.since = pid, startTime(pid)
+	if u.cg != nil {
+		u.cg.closeFD()
+	}
+}
+
+// Start starts the command build returns (its Stdout and Stderr should be
+// *os.File, so that Wait returns when the command exits, not when the last
+// holder of its output does) in a new unit named name (New): in a new
+// process group, with MarkerVar added to its Env (os.Environ() when nil),
+// in a new cgroup when one can be made. When the command cannot start in
+// the cgroup (a kernel without clone3's CLONE_INTO_CGROUP), the cgroup is
+// dropped and a second command from build starts tracked by the sweep.
+func Start(name string, build func() *exec.Cmd) (*exec.Cmd, *Unit, error) {
+	u := New(name)
+	if fd, ok := u.CgroupFD(); ok {
+		cmd := u.prepare(build())
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+		if err := cmd.Start(); err == nil {
+			u.Started(cmd.Process.Pid)
+			return cmd, u, nil
+		}
+		u.DropCgroup()
 	}
 	cmd := u.prepare(build())
 	if err := cmd.Start(); err != nil {
 		return nil, nil, err
 	}
-	u.pgid, u.since = cmd.Process.Pid, startTime(cmd.Process.Pid)
+	u.Started(cmd.Process.Pid)
 	return cmd, u, nil
 }
 
@@ -96,12 +139,46 @@ func (u *Unit) prepare(cmd *exec.Cmd) *exec.Cmd {
 	if cmd.Env == nil {
 		cmd.Env = os.Environ()
 	}
-	cmd.Env = append(cmd.Env, MarkerVar+"="+u.id)
+	cmd.Env = append(cmd.Env, u.Env())
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
 	return cmd
+}
+
+// Record is what finds a started unit again from another process (an
+// agent that adopts a worker after an upgrade or a crash): it crosses as
+// JSON.
+type Record struct {
+	ID string `json:"id"`
+	// Cgroup is the cgroup folder, "" for a unit tracked by the sweep.
+	Cgroup string `json:"cgroup,omitempty"`
+	PGID   int    `json:"pgid"`
+	Since  uint64 `json:"since"`
+}
+
+// Record describes u for Reopen.
+func (u *Unit) Record() Record {
+	r := Record{ID: u.id, PGID: u.pgid, Since: u.since}
+	if u.cg != nil {
+		r.Cgroup = u.cg.dir
+	}
+	return r
+}
+
+// Reopen is the unit r describes. A cgroup that is gone (removed when its
+// last process left, by an agent or a service manager) or that is not a
+// unit's folder leaves the unit to the sweep; so does a record without
+// one. Nothing is created or changed.
+func Reopen(r Record) *Unit {
+	u := &Unit{id: r.ID, pgid: r.PGID, since: r.Since}
+	if r.Cgroup != "" && strings.HasPrefix(filepath.Base(r.Cgroup), "deployd-") && filepath.IsAbs(r.Cgroup) {
+		if _, err := os.Stat(filepath.Join(r.Cgroup, "cgroup.procs")); err == nil {
+			u.cg = &cgroup{dir: r.Cgroup, fd: -1}
+		}
+	}
+	return u
 }
 
 // Mode says how u tracks its processes.
