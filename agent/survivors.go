@@ -353,7 +353,11 @@ func (a *Agent) retire(ss []survivor, records []string) {
 	var wg sync.WaitGroup
 	for _, s := range ss {
 		wg.Go(func() {
-			err := workers.Retire(s.p)
+			left, err := workers.Retire(s.p)
+			for _, p := range left {
+				a.log.Warn("a worker left by an agent that died left a process running; killed it", "app", s.app,
+					"worker", s.p.Slot, "worker_pid", s.p.PID, "pid", p.PID, "command", p.Name)
+			}
 			switch {
 			case err == nil && s.stray:
 				a.log.Warn("retired a stray worker of an agent that died: no record named it (its agent died before "+

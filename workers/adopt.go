@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers/logs"
 )
 
@@ -359,6 +360,9 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 	}
 	w.members = adoptMembers(spec, h)
 	w.sockets = memberInodes(w.members) // nil for one already steered: found in /proc
+	if h.Unit != nil {
+		w.unit = procunit.Reopen(*h.Unit)
+	}
 	w.serve(a, spec, c, h.Pending)
 	return w, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 )
 
 // Handover describes one running worker that an agent hands to the next
@@ -46,6 +47,10 @@ type Handover struct {
 	// Kept are the fd numbers at which the process holds copies of the
 	// agent's ends, for an agent that comes after a crash (TakeBack).
 	Kept map[string]int `json:"kept,omitempty"`
+	// Unit finds the worker's unit (its cgroup, or its marker) again, to
+	// kill what it leaves running when it exits; nil from an agent that
+	// tracked none.
+	Unit *procunit.Record `json:"unit,omitempty"`
 
 	files map[string]*os.File
 }
@@ -295,7 +300,7 @@ func (w *Worker) describe() *Handover {
 	h := &Handover{Slot: w.Slot, PID: w.PID, StartTime: w.startTime, Generation: w.Generation,
 		Release: w.Release, Identity: w.spec.Identity(), Started: w.Started, ReadyAt: w.readyAt,
 		Status: w.status, StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Pending: pending,
-		Kept: w.kept, files: map[string]*os.File{"notify": nf}}
+		Kept: w.kept, Unit: w.unitRecord(), files: map[string]*os.File{"notify": nf}}
 	members := w.members
 	w.mu.Unlock()
 	h.Streams = append(h.Streams, "notify")

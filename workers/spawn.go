@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers/logs"
 )
 
@@ -222,7 +223,9 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if c.ipc != nil {
 		extra = append(extra, c.ipc.Child)
 	}
+	unit := procunit.New("worker-" + a.app + "-" + strconv.Itoa(slot))
 	env := workerEnv(a, spec, slot, c)
+	env = append(env, unit.Env())
 	var fixed []handoff.FixedFile
 	direct, execPath := false, ""
 	if spec.Node != nil {
@@ -242,20 +245,30 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		env, fixed = c.node.env, c.node.fixed
 	}
 	keep, kept := c.keep()
-	proc, err := handoff.Start(handoff.Proc{
+	hp := handoff.Proc{
 		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
 		Stdout: c.outW, Stderr: c.errW, Listeners: ls, Health: c.health, Extra: extra, Fixed: fixed,
 		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
-	})
+	}
+	hp.Cgroup, hp.UseCgroup = unit.CgroupFD()
+	proc, err := handoff.Start(hp)
+	if err != nil && hp.UseCgroup {
+		// A kernel without clone3's CLONE_INTO_CGROUP: the sweep tracks it.
+		unit.DropCgroup()
+		hp.UseCgroup = false
+		proc, err = handoff.Start(hp)
+	}
 	c.closeChild()
 	if f := c.notifyCopy; f != nil {
 		f.Close()
 	}
 	if err != nil {
+		unit.DropCgroup()
 		c.closeParent()
 		closeMembers(members)
 		return nil, err
 	}
+	unit.Started(proc.Pid)
 	// The shim execs the app in the same process: its start time stays.
 	// (A Direct start has no shim: node is the process from the start.)
 	start, _ := handoff.StartTime(proc.Pid)
@@ -263,7 +276,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		Slot: slot, PID: proc.Pid, Release: spec.Release, Generation: spec.Generation,
 		Started: time.Now(), spec: spec, proc: proc, startTime: start, tail: logs.NewTail(tailLines),
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, kept: kept,
-		members: members, sockets: memberInodes(members),
+		members: members, sockets: memberInodes(members), unit: unit,
 	}
 	w.serve(a, spec, c, nil)
 	return w, nil
@@ -333,7 +346,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		go w.readyAfterDelay(max(spec.Ready.Delay-time.Since(w.Started), 0))
 	}
 	go func() {
-		w.wait(&readers, pipes)
+		w.wait(a.log, &readers, pipes)
 		stopHealth()
 		c.notify.Close()
 		notifyDone.Wait()

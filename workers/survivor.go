@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 )
 
 // Process identifies one worker process for the agent's survivor records:
@@ -30,6 +32,8 @@ type Process struct {
 	Generation int       `json:"generation,omitempty"`
 	Started    time.Time `json:"started,omitzero"`
 	ReadyAt    time.Time `json:"ready_at,omitzero"`
+	// Unit finds its unit again (Handover.Unit).
+	Unit *procunit.Record `json:"unit,omitempty"`
 }
 
 // Listen is one listening socket of a worker.
@@ -49,7 +53,8 @@ func (s *Supervisor) Processes() []Process {
 			}
 			p := Process{Slot: w.Slot, PID: w.PID, StartTime: w.startTime,
 				StopSignal: w.spec.StopSignal, StopTimeout: w.spec.StopTimeout, Kept: w.kept,
-				Identity: w.spec.Identity(), Release: w.Release, Generation: w.Generation, Started: w.Started}
+				Identity: w.spec.Identity(), Release: w.Release, Generation: w.Generation, Started: w.Started,
+				Unit: w.unitRecord()}
 			w.mu.Lock()
 			p.ReadyAt = w.readyAt
 			w.mu.Unlock()
@@ -65,8 +70,24 @@ func (s *Supervisor) Processes() []Process {
 // Retire stops a process that a dead agent left running, if it is still
 // that process (pid and start time): its stop signal, then after its stop
 // timeout SIGKILL to its process group. It returns when the process is gone;
-// ErrNotSameProcess (wrapped) when it was gone already.
-func Retire(p Process) error {
+// ErrNotSameProcess (wrapped) when it was gone already. Either way, what is
+// left of its unit (p.Unit: daemons it started) is killed then, and
+// returned, and its cgroup removed.
+func Retire(p Process) ([]procunit.Proc, error) {
+	err := retire(p)
+	if p.Unit == nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
+	defer cancel()
+	left, uerr := procunit.Reopen(*p.Unit).End(ctx)
+	if err == nil || errors.Is(err, handoff.ErrNotSameProcess) && uerr != nil {
+		err = uerr
+	}
+	return left, err
+}
+
+func retire(p Process) error {
 	pfd, err := handoff.OpenPidfd(p.PID, p.StartTime)
 	if err != nil {
 		return err
@@ -118,7 +139,7 @@ func TakeBack(p Process) (*Handover, error) {
 	defer pfd.Close()
 	h := &Handover{Slot: p.Slot, PID: p.PID, StartTime: p.StartTime, Generation: p.Generation,
 		Release: p.Release, Identity: p.Identity, Started: p.Started, ReadyAt: p.ReadyAt,
-		StopSignal: p.StopSignal, StopTimeout: p.StopTimeout, Kept: p.Kept, files: map[string]*os.File{}}
+		StopSignal: p.StopSignal, StopTimeout: p.StopTimeout, Kept: p.Kept, Unit: p.Unit, files: map[string]*os.File{}}
 	for _, name := range []string{"notify", "out", "err", "outj", "errj", "ipc", "node"} {
 		n, ok := p.Kept[name]
 		if !ok {

@@ -9,9 +9,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers/logs"
 )
 
@@ -48,6 +50,10 @@ type Worker struct {
 	// tells it from a process that reuses its pid.
 	pidfd     *handoff.Pidfd
 	startTime uint64
+	// unit tracks every process the worker starts, daemons that left its
+	// session included (sweep.go); nil for a worker adopted from an agent
+	// that recorded none: its process group alone is killed.
+	unit *procunit.Unit
 	// pz pauses the readers of the worker's channels for a handoff; ends
 	// are the agent's ends that a handoff passes (out, err, ipc, node), and
 	// notify its notify socket.
@@ -284,16 +290,17 @@ const (
 	outputMax   = 30 * time.Second
 )
 
-// wait reaps the process and drains its output.
-func (w *Worker) wait(readers *sync.WaitGroup, pipes []*os.File) {
+// wait reaps the process, kills what it left running and drains its
+// output.
+func (w *Worker) wait(log hclog.Logger, readers *sync.WaitGroup, pipes []*os.File) {
 	st, err := w.reap()
 	exitedAt := time.Now()
 	if w.node != nil {
 		w.node.await() // npm start: the app's node may outlive npm
 	}
 	// Output pipes may be held open by children the worker left behind;
-	// they die with the group, so the readers see EOF.
-	w.killGroup()
+	// they die with its unit, so the readers see EOF.
+	w.sweep(log, exitedAt)
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
 	// Output still in the pipes is read to the end even when the sinks are
