@@ -89,6 +89,12 @@ func (o *op) awaitStopAccepting() {
 	}
 	limit := time.NewTimer(wait)
 	defer limit.Stop()
+	// Then the escaped processes, on the same bound.
+	defer func(until time.Time) {
+		for _, d := range o.drains {
+			d.w.endEscaped(until, o.s.log)
+		}
+	}(time.Now().Add(wait))
 	for _, d := range o.drains {
 		socks := listenerInodes(d.w.spec)
 		for !d.w.stoppedAccepting() && holdsListener(d.w.PID, socks) {

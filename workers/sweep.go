@@ -2,11 +2,15 @@ package workers
 
 import (
 	"context"
+	"errors"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/internal/procunit"
+	"github.com/deployd/deployd/internal/sockdiag"
 )
 
 // A worker's process group is not all it may leave behind: a child that
@@ -27,6 +31,7 @@ const sweepTimeout = 5 * time.Second
 // (exitedAt) and was reaped, and logs each process it killed; then its
 // process group, the whole of what a worker without a unit has.
 func (w *Worker) sweep(log hclog.Logger, exitedAt time.Time) {
+	w.closeEscaped()
 	if w.unit != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
 		left, err := w.unit.End(ctx)
@@ -61,4 +66,116 @@ func (w *Worker) unitRecord() *procunit.Record {
 	}
 	r := w.unit.Record()
 	return &r
+}
+
+// A reload returns once every old worker stopped accepting
+// (awaitStopAccepting), while the old workers still drain: a process of
+// an old worker's unit that left its process group and holds the app's
+// listening socket (an escaped daemon) would go on taking connections for
+// the old release until the worker exits. It gets the worker's stop
+// signal with it (the worker's own signal reaches its process or group
+// alone), and one that still holds the socket when the reload is to
+// return is killed then.
+
+// escapee is such a process, watched through a pidfd.
+type escapee struct {
+	procunit.Proc
+	fd int
+}
+
+// stopEscaped sends sig to the processes of the worker's unit outside its
+// process group that hold one of its listening sockets, and keeps them in
+// w.escaped for endEscaped.
+func (w *Worker) stopEscaped(sig syscall.Signal) {
+	if w.unit == nil {
+		return
+	}
+	socks := listenerInodes(w.spec)
+	if len(socks) == 0 {
+		return
+	}
+	for _, p := range w.unit.Procs() {
+		if pg, err := unix.Getpgid(p.PID); err != nil || pg == w.PID {
+			continue
+		}
+		fd, err := unix.PidfdOpen(p.PID, 0)
+		if err != nil {
+			continue
+		}
+		// Checked once the pidfd is open: a reused pid holds no socket of ours.
+		if !holdsOwn(p.PID, socks) {
+			unix.Close(fd)
+			continue
+		}
+		_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+		w.mu.Lock()
+		w.escaped = append(w.escaped, escapee{p, fd})
+		w.mu.Unlock()
+	}
+}
+
+// holdsOwn reports whether process pid itself has one of socks open.
+func holdsOwn(pid int, socks map[uint64]bool) bool {
+	held, _ := sockdiag.Inodes(pid)
+	for ino := range held {
+		if socks[ino] {
+			return true
+		}
+	}
+	return false
+}
+
+// endEscaped waits until each escaped process stopped holding the
+// listening sockets or exited, at most until until; it SIGKILLs the ones
+// that did not and waits for them (a second at most), naming each in the
+// log.
+func (w *Worker) endEscaped(until time.Time, log hclog.Logger) {
+	w.mu.Lock()
+	es := w.escaped
+	w.escaped = nil
+	w.mu.Unlock()
+	if len(es) == 0 {
+		return
+	}
+	socks := listenerInodes(w.spec)
+	for _, e := range es {
+		for !exitedWithin(e.fd, 0) && holdsOwn(e.PID, socks) {
+			if time.Now().After(until) {
+				_ = unix.PidfdSendSignal(e.fd, unix.SIGKILL, nil, 0)
+				exitedWithin(e.fd, time.Second)
+				if log != nil {
+					log.Warn("a process the worker started outside its process group kept accepting on the app's "+
+						"socket after the stop signal; killed it", "worker", w.Slot, "worker_pid", w.PID,
+						"pid", e.PID, "command", e.Name)
+				}
+				break
+			}
+			exitedWithin(e.fd, stopAcceptingPoll)
+		}
+		unix.Close(e.fd)
+	}
+}
+
+// closeEscaped closes the pidfds endEscaped did not (a worker that exited
+// first: the sweep kills what is left).
+func (w *Worker) closeEscaped() {
+	w.mu.Lock()
+	es := w.escaped
+	w.escaped = nil
+	w.mu.Unlock()
+	for _, e := range es {
+		unix.Close(e.fd)
+	}
+}
+
+// exitedWithin reports whether the process of pidfd fd exits within d.
+func exitedWithin(fd int, d time.Duration) bool {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	deadline := time.Now().Add(d)
+	for {
+		n, err := unix.Poll(pfd, int(time.Until(deadline).Milliseconds()))
+		if err == nil || !errors.Is(err, unix.EINTR) || time.Now().After(deadline) {
+			return n > 0
+		}
+	}
 }

@@ -54,6 +54,9 @@ type Worker struct {
 	// session included (sweep.go); nil for a worker adopted from an agent
 	// that recorded none: its process group alone is killed.
 	unit *procunit.Unit
+	// escaped are the processes of its unit that got its stop signal
+	// (stopEscaped); guarded by mu.
+	escaped []escapee
 	// pz pauses the readers of the worker's channels for a handoff; ends
 	// are the agent's ends that a handoff passes (out, err, ipc, node), and
 	// notify its notify socket.
@@ -233,6 +236,7 @@ func (w *Worker) stop(state State) {
 func (w *Worker) askStop(state State) time.Time {
 	w.setState(state)
 	w.signal(w.spec.StopSignal)
+	w.stopEscaped(w.spec.StopSignal)
 	return time.Now().Add(w.spec.StopTimeout)
 }
 

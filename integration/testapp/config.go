@@ -27,6 +27,7 @@ type config struct {
 	abruptSIGTERM   bool
 	tick            time.Duration
 	healthAfter     time.Duration
+	daemonDir       string
 }
 
 // envPrefix names the environment variables that set flags: TESTAPP_STARTUP_DELAY=2s is
@@ -54,6 +55,8 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.tick, "tick", 0, "after ready, write \"tick <slot> <pid> <n>\" (n = 1, 2, ...) to stdout this often")
 	fs.DurationVar(&c.healthAfter, "health-after", 0, "GET /healthz answers 503 until this long after the app serves (it serves / at once)")
 	fs.BoolVar(&c.notifyFromChild, "notify-from-child", false, "send READY=1 from a child process (-ready notify)")
+	fs.StringVar(&c.daemonDir, "daemon-dir", "", "before serving, start a daemon (setsid) that keeps the inherited listener (fd 3) and stdout, "+
+		"serves \"version=<version>-daemon\" on it for ever, and writes its pid to a file named after it in `DIR`")
 
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of testapp (each flag also from %sNAME, e.g. %sSTARTUP_DELAY=2s):\n", envPrefix, envPrefix)

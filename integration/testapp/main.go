@@ -39,8 +39,11 @@ const (
 )
 
 func main() {
-	if os.Getenv(roleEnv) == roleNotifyChild {
+	switch os.Getenv(roleEnv) {
+	case roleNotifyChild:
 		os.Exit(runNotifyChild())
+	case roleDaemon:
+		os.Exit(runDaemon())
 	}
 	os.Exit(run(os.Args[1:]))
 }
@@ -58,6 +61,12 @@ func run(args []string) int {
 	// Subscribe before anything else so a SIGTERM during startup is not fatal.
 	stop := watchSignals(cfg.ignoreSIGTERM)
 
+	if cfg.daemonDir != "" {
+		if err := startDaemon(cfg); err != nil {
+			warnf("%v", err)
+			return exitFailure
+		}
+	}
 	listeners, err := takeListeners(cfg.listen)
 	if err != nil {
 		warnf("%v", err)

@@ -174,3 +174,13 @@ func startTime(pid int) uint64 {
 	n, _ := strconv.ParseUint(string(f[19]), 10, 64)
 	return n
 }
+
+// exited reports whether pid is gone or a zombie.
+func exited(pid int) bool {
+	stat, err := readBounded("/proc/"+strconv.Itoa(pid)+"/stat", 4096)
+	i := bytes.LastIndexByte(stat, ')')
+	if err != nil || i < 0 || i+2 >= len(stat) {
+		return true
+	}
+	return stat[i+2] == 'Z' || stat[i+2] == 'X'
+}

@@ -200,7 +200,10 @@ func (u *Unit) Procs() []Proc {
 	}
 	out := make([]Proc, 0, len(pids))
 	for _, pid := range pids {
-		out = append(out, Proc{PID: pid, Name: cmdline(pid)})
+		// A cgroup lists a zombie until its parent reaps it: it runs no more.
+		if u.cg == nil || !exited(pid) {
+			out = append(out, Proc{PID: pid, Name: cmdline(pid)})
+		}
 	}
 	return out
 }

@@ -1,0 +1,298 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/integration/loadgen"
+)
+
+// Tests of issue #26: a worker's grandchild that calls setsid leaves the
+// worker's process group and session, and used to outlive every stop,
+// holding the inherited listener (it answered for the old release after
+// a reload) and the worker's output pipes. Each worker of these apps
+// starts two: `setsid sleep`, the simplest case, and the test app's
+// -daemon-dir daemon, which serves "version=<release>-daemon" on the
+// inherited listener. The sleep closes the listener (fd 3): it is killed
+// when its worker exits; the daemon holds it: it gets the worker's stop
+// signal with it, and is gone before a reload returns.
+
+// daemonApp is app web at release ver, instances workers on port, each
+// starting a setsid sleep and a serving daemon whose pids land in dir.
+func daemonApp(port, instances int, ver, dir string) string {
+	return fmt.Sprintf(`[apps.web]
+command = ["/bin/sh", "-c", "setsid sleep 3600 3>&- & echo $! > %[4]s/sleep-$$; exec %%TESTAPP%%"]
+instances = %[2]d
+listen = ["tcp://127.0.0.1:%[1]d"]
+ready_timeout = "10s"
+stop_timeout = "10s"
+env = { TESTAPP_VERSION = %[3]q, TESTAPP_DAEMON_DIR = %[4]q }
+`, port, instances, ver, dir)
+}
+
+// leftPIDs reads the pids the workers' children wrote to dir (daemons,
+// then sleeps, all); it waits (up to 10 s) until there are want of each.
+func leftPIDs(t *testing.T, dir string, want int) (daemons, sleeps, all []int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		daemons, sleeps = nil, nil
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+			switch {
+			case err != nil || perr != nil:
+			case strings.HasPrefix(e.Name(), "sleep-"):
+				sleeps = append(sleeps, pid)
+			default:
+				daemons = append(daemons, pid)
+			}
+		}
+		if len(daemons) >= want && len(sleeps) >= want {
+			killOnCleanup(t, append(daemons, sleeps...))
+			return daemons, sleeps, append(slices.Clone(daemons), sleeps...)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pids of setsid children in %s after 10s: daemons %v, sleeps %v; want %d of each", dir, daemons, sleeps,
+				want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// killOnCleanup SIGKILLs pids when the test ends (a failed test must not
+// leave them running: they escaped every group the harness kills).
+func killOnCleanup(t *testing.T, pids []int) {
+	t.Cleanup(func() {
+		for _, p := range pids {
+			if Alive(p) {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+	})
+}
+
+// requireGone fails unless every pid has exited, at once: the operation
+// that returned was to leave none of them.
+func requireGone(t *testing.T, what string, pids []int) {
+	t.Helper()
+	for _, p := range pids {
+		if Alive(p) {
+			t.Errorf("%s: process %d (a setsid child of an old worker) still runs", what, p)
+		}
+	}
+}
+
+// requireOnly runs a bounded load of new connections on port and fails
+// if any response comes from a release other than ver (its workers or
+// their daemons).
+func requireOnly(t *testing.T, a *Agent, port int, ver string) loadgen.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := loadgen.Run(ctx, loadgen.Options{URL: fmt.Sprintf("http://127.0.0.1:%d/", port), Clients: 4,
+		MaxRequests: 1500, MaxDuration: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests == 0 || r.Failures != 0 {
+		t.Errorf("load after the operation: %s: %v", r, r.Errors)
+	}
+	for v, n := range r.Versions {
+		if v != ver && v != ver+"-daemon" {
+			t.Errorf("%d responses from release %s after the operation returned (want %s only): %s\n%s", n, v, ver, r,
+				a.Log())
+		}
+	}
+	return r
+}
+
+// sweptRE matches the agent's line for each process it killed.
+var sweptRE = regexp.MustCompile(`left a process running; killed it: .*?pid=(\d+) command=.*? after=(\S+)`)
+
+// swept returns how many processes the agent's log names as swept, and
+// the longest time from a worker's exit to the end of its sweep.
+func swept(t *testing.T, a *Agent, mode string) (int, time.Duration) {
+	t.Helper()
+	var longest time.Duration
+	ms := sweptRE.FindAllStringSubmatch(a.Log(), -1)
+	for _, m := range ms {
+		if testing.Verbose() {
+			t.Log(m[0])
+		}
+		if d, err := time.ParseDuration(m[2]); err == nil {
+			longest = max(longest, d)
+		}
+	}
+	if mode != "" && len(ms) > 0 && !strings.Contains(a.Log(), "tracked_by="+mode) &&
+		!strings.Contains(a.Log(), `tracked_by="`+mode) {
+		t.Errorf("the sweep's log lines do not say tracked_by=%q", mode)
+	}
+	return len(ms), longest
+}
+
+// sweepModes runs f with the cgroup (where the agent can make one) and
+// with the fallback sweep forced.
+func sweepModes(t *testing.T, f func(t *testing.T, env []string, mode string)) {
+	t.Run("cgroup", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			skipOrFail(t, "not root: the agent can make no cgroup")
+		}
+		f(t, nil, "cgroup")
+	})
+	t.Run("sweep", func(t *testing.T) {
+		f(t, []string{"DEPLOYD_TEST_NO_CGROUP=1"}, "process group and marker sweep")
+	})
+}
+
+// reloadSweeps reloads web from the workers old (their setsid children in
+// d1) to release ver (children in d2): when the reload returns, the old
+// daemons that held the listener are gone and only ver answers; once the
+// old workers have drained, nothing of them is left, and the log names
+// each sleep as swept.
+func reloadSweeps(t *testing.T, a *Agent, port int, old []int, d1, d2, ver, mode string) {
+	t.Helper()
+	daemons, sleeps, _ := leftPIDs(t, d1, 2)
+	a.WriteConfig(daemonApp(port, 2, ver, d2))
+	if r := a.CLIWithin(time.Minute, "reload", "web"); r.Code != 0 {
+		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
+	}
+	requireGone(t, "when the reload returned", daemons)
+	res := requireOnly(t, a, port, ver)
+	for _, p := range old {
+		waitExited(t, p, 20*time.Second)
+	}
+	requireGone(t, "the old workers' drain (20s)", old)
+	requireGone(t, "once the old workers exited", sleeps)
+	n, longest := swept(t, a, mode)
+	t.Logf("reload: the daemons were stopped before it returned, then %d processes swept (the longest %s after "+
+		"its worker's exit); a load after it: %s", n, longest, res)
+	for _, p := range sleeps {
+		if !strings.Contains(a.Log(), "pid="+strconv.Itoa(p)+" command=\"sleep 3600\"") {
+			t.Errorf("the log does not name the swept sleep %d\n%s", p, a.Log())
+		}
+	}
+}
+
+// A reload, a crash of a worker, a scale down and a stop each leave none
+// of the setsid children of the workers they end, and after the reload
+// returned no request is answered by the old release.
+func TestSetsidChildrenSweptOnReloadCrashScaleStop(t *testing.T) {
+	parallel(t)
+	sweepModes(t, func(t *testing.T, env []string, mode string) {
+		port := FreePort(t)
+		d1, d2 := t.TempDir(), t.TempDir()
+		a := NewAgentDir(t, bins, daemonApp(port, 2, "v1", d1))
+		a.Env = env
+		a.Start()
+		old := workerPIDs(a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 2) }))
+		reloadSweeps(t, a, port, old, d1, d2, "v2", mode)
+
+		// A crash of the worker itself: what it left is killed before the
+		// slot restarts.
+		_, _, cur := leftPIDs(t, d2, 2)
+		victim := appOf(a.Status(), "web").Workers[0].PID
+		if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		a.WaitFor("slot restarted", 20*time.Second, func(st *api.Status) bool {
+			return AllReady(st, "web", 2) && !slices.Contains(workerPIDs(st), victim) &&
+				strings.Contains(a.Log(), "before its slot restarts")
+		})
+		gone := 0
+		for _, p := range cur {
+			if !Alive(p) {
+				gone++
+			}
+		}
+		if gone != 2 {
+			t.Errorf("after the crash of worker %d, %d of the children %v are gone, want its 2", victim, gone, cur)
+		}
+
+		// Scale down to 1, then stop: nothing of the workers is left.
+		_, _, all := leftPIDs(t, d2, 3)
+		if r := a.CLIWithin(time.Minute, "scale", "web", "1"); r.Code != 0 {
+			t.Fatalf("scale 1: exit %d\n%s", r.Code, r.Stderr)
+		}
+		alive := 0
+		for _, p := range all {
+			if Alive(p) {
+				alive++
+			}
+		}
+		if alive != 2 {
+			t.Errorf("after scale 1: %d setsid children alive, want the 2 of the last worker", alive)
+		}
+		if r := a.CLIWithin(time.Minute, "stop", "web"); r.Code != 0 {
+			t.Fatalf("stop: exit %d\n%s", r.Code, r.Stderr)
+		}
+		requireGone(t, "after stop", all)
+		n, longest := swept(t, a, mode)
+		t.Logf("in all: %d processes swept, the longest %s after its worker's exit", n, longest)
+	})
+}
+
+// The sweep goes on across an agent upgrade and an agent SIGKILL: the
+// adopted workers' units are found again, and a reload then leaves none
+// of the old release's setsid children.
+func TestSetsidChildrenSweptAfterAdoption(t *testing.T) {
+	parallel(t)
+	for _, how := range []string{"upgrade", "sigkill"} {
+		t.Run(how, func(t *testing.T) {
+			sweepModes(t, func(t *testing.T, env []string, mode string) {
+				port := FreePort(t)
+				d1, d2 := t.TempDir(), t.TempDir()
+				a := NewAgentDir(t, bins, daemonApp(port, 2, "v1", d1))
+				a.Env = env
+				a.UseOwnBinary()
+				a.Start()
+				before := workerPIDs(a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool {
+					return AllReady(st, "web", 2)
+				}))
+				_, _, children := leftPIDs(t, d1, 2)
+				switch how {
+				case "upgrade":
+					cand := filepath.Join(t.TempDir(), "deployd-new")
+					CopyFile(t, bins.DeploydV2, cand)
+					if r := a.CLIWithin(time.Minute, "upgrade", "--binary", cand); r.Code != 0 {
+						t.Fatalf("upgrade: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
+					}
+				case "sigkill":
+					a.Signal(syscall.SIGKILL)
+					select {
+					case <-a.Done():
+					case <-time.After(10 * time.Second):
+						t.Fatal("agent still running 10s after SIGKILL")
+					}
+					a.Start()
+				}
+				after := workerPIDs(a.WaitFor("adopted", 30*time.Second, func(st *api.Status) bool {
+					return AllReady(st, "web", 2)
+				}))
+				slices.Sort(before)
+				slices.Sort(after)
+				if !slices.Equal(after, before) {
+					t.Fatalf("workers %v after the %s, want the adopted %v", after, how, before)
+				}
+				for _, p := range children {
+					if !Alive(p) {
+						t.Fatalf("the %s killed setsid child %d of a running worker\n%s", how, p, a.Log())
+					}
+				}
+				reloadSweeps(t, a, port, before, d1, d2, "v2", mode)
+				leftPIDs(t, d2, 2) // killed at the end, should the agent's stop fail
+			})
+		})
+	}
+}
