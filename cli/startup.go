@@ -29,7 +29,8 @@ func startupCommand() *cli.Command {
 				"SIGHUP (the agent hands every socket to a new agent; NotifyAccess=all lets that new\n" +
 				"agent report its pid with MAINPID=), KillMode=process so that a stop reaches the\n" +
 				"agent alone and it drains its workers, and a dead agent's workers keep serving until\n" +
-				"Restart= brings the next agent, which adopts them, and TimeoutStopSec/TimeoutStartSec that cover the\n" +
+				"Restart= brings the next agent, which adopts them, Delegate=yes (each worker and hook\n" +
+				"runs in a cgroup of its own under the unit's), and TimeoutStopSec/TimeoutStartSec that cover the\n" +
 				"apps' stop_timeout and ready_timeout.\n" +
 				"With --socket-unit it also writes one NAME-APP[-FDNAME].socket per app (and listen\n" +
 				"#name) holding that app's tcp and unix listen addresses: systemd keeps them open while\n" +
@@ -156,6 +157,10 @@ func SystemdUnits(cfg *config.Config, bin, name string, sockets bool) ([]Unit, e
 		"# Restart= starts the next agent, which adopts them. The default (control-group)\n" +
 		"# would SIGTERM every worker at once, and mixed SIGKILLs them all when the agent dies.\n")
 	b.WriteString("KillMode=process\n")
+	b.WriteString("# The agent puts each worker and hook in a cgroup of its own under the unit's, so that\n" +
+		"# what one leaves running (a setsid daemon) is found and killed when it exits; the\n" +
+		"# subtree is the agent's to manage.\n")
+	b.WriteString("Delegate=yes\n")
 	fmt.Fprintf(&b, "# Longest ready_timeout (%s) and stop_timeout (%s) of the apps, plus a margin.\n", maxReady, maxStop)
 	fmt.Fprintf(&b, "TimeoutStartSec=%d\nTimeoutStopSec=%d\n", unitSeconds(maxReady), unitSeconds(maxStop))
 	b.WriteString("Restart=on-failure\nRestartSec=1\n")
