@@ -176,8 +176,8 @@ func reloadSweeps(t *testing.T, a *Agent, port int, old []int, d1, d2, ver, mode
 	requireGone(t, "the old workers' drain (20s)", old)
 	requireGone(t, "once the old workers exited", sleeps)
 	n, longest := swept(t, a, mode)
-	t.Logf("reload: the daemons were stopped before it returned, then %d processes swept (the longest %s after "+
-		"its worker's exit); a load after it: %s", n, longest, res)
+	t.Logf("%s: reload: the daemons were stopped before it returned, then %d processes swept (the longest %s "+
+		"after its worker's exit); a load after it: %s", mode, n, longest, res)
 	for _, p := range sleeps {
 		if !strings.Contains(a.Log(), "pid="+strconv.Itoa(p)+" command=\"sleep 3600\"") {
 			t.Errorf("the log does not name the swept sleep %d\n%s", p, a.Log())
@@ -239,7 +239,7 @@ func TestSetsidChildrenSweptOnReloadCrashScaleStop(t *testing.T) {
 		}
 		requireGone(t, "after stop", all)
 		n, longest := swept(t, a, mode)
-		t.Logf("in all: %d processes swept, the longest %s after its worker's exit", n, longest)
+		t.Logf("%s: in all: %d processes swept, the longest %s after its worker's exit", mode, n, longest)
 	})
 }
 

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -44,6 +46,25 @@ func (u *Unit) sweep() []int {
 
 // member reports whether live process pid belongs to the unit.
 func (u *Unit) member(pid int, marker []byte) bool {
+	// getpgid and the environment first: /proc/PID/stat is the costly read
+	// (tens of µs for a process with many threads), so it is read only for
+	// the few processes that may be members.
+	pg, err := unix.Getpgid(pid)
+	if err != nil {
+		return false
+	}
+	inGroup := pg == u.pgid
+	if !inGroup {
+		if u.id == "" {
+			return false // a record without a marker (Reopen): its group alone
+		}
+		env, err := readEnviron(pid)
+		if err != nil || !slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool {
+			return bytes.Equal(kv, marker)
+		}) {
+			return false
+		}
+	}
 	stat, err := readBounded("/proc/"+strconv.Itoa(pid)+"/stat", 4096)
 	if err != nil {
 		return false
@@ -57,29 +78,17 @@ func (u *Unit) member(pid int, marker []byte) bool {
 	if len(f) < 3 || string(f[0]) == "Z" || string(f[0]) == "X" {
 		return false
 	}
-	if pgrp, _ := strconv.Atoi(string(f[2])); pgrp == u.pgid {
+	if inGroup {
 		return true
 	}
 	// Field 22, the start time: a process older than the unit's command
-	// is not one of its own (and its environment need not be read).
+	// is not one of its own, whatever its environment says.
 	if len(f) > 19 {
 		if start, err := strconv.ParseUint(string(f[19]), 10, 64); err == nil && start < u.since {
 			return false
 		}
 	}
-	if u.id == "" {
-		return false // a record without a marker (Reopen): its group alone
-	}
-	env, err := readBounded("/proc/"+strconv.Itoa(pid)+"/environ", 1<<20)
-	if err != nil {
-		return false
-	}
-	for _, kv := range bytes.Split(env, []byte{0}) {
-		if bytes.Equal(kv, marker) {
-			return true
-		}
-	}
-	return false
+	return true
 }
 
 // killSweep SIGKILLs the unit's processes through pidfds (checked again
@@ -183,4 +192,18 @@ func exited(pid int) bool {
 		return true
 	}
 	return stat[i+2] == 'Z' || stat[i+2] == 'X'
+}
+
+// maxEnviron bounds the read of a process's environment.
+const maxEnviron = 1 << 20
+
+// readEnviron reads pid's environment, at most maxEnviron bytes, into a
+// buffer that grows with it: most are a few KiB, and a sweep reads many.
+func readEnviron(pid int) ([]byte, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxEnviron))
 }
