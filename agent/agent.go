@@ -137,6 +137,7 @@ func Run(opts Options) error {
 		// Workers a killed agent left: their sockets first (still bound),
 		// retired once this agent's own workers are ready (survivors.go).
 		a.found, a.foundRecords = a.survivors()
+		a.endDeadSurvivors(a.found)
 		socks = append(socks, a.survivorSockets(a.found)...)
 	}
 	a.reg = handoff.NewRegistry(upg.Fds(), socks, log)

@@ -347,6 +347,23 @@ func waitGone(p workers.Process, bound time.Duration) {
 	}
 }
 
+// endDeadSurvivors kills, before this agent binds its listeners, what the
+// survivors that died while no agent ran left running (workers.EndIfGone):
+// a daemon of theirs would hold the app's address.
+func (a *Agent) endDeadSurvivors(ss []survivor) {
+	for _, s := range ss {
+		left, err := workers.EndIfGone(s.p)
+		for _, p := range left {
+			a.log.Warn("a worker left by an agent that died had exited, and left a process running; killed it",
+				"app", s.app, "worker", s.p.Slot, "worker_pid", s.p.PID, "pid", p.PID, "command", p.Name)
+		}
+		if err != nil {
+			a.log.Error("a worker left by an agent that died left processes that could not be killed", "app", s.app,
+				"worker", s.p.Slot, "worker_pid", s.p.PID, "error", err)
+		}
+	}
+}
+
 // retire stops every survivor (its stop signal, stop_timeout, then SIGKILL
 // to its group) and removes the records they came from.
 func (a *Agent) retire(ss []survivor, records []string) {

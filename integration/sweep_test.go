@@ -296,3 +296,54 @@ func TestSetsidChildrenSweptAfterAdoption(t *testing.T) {
 		})
 	}
 }
+
+// A worker that a dead agent left and the next cannot adopt (its app
+// changed while no agent ran), or that died too while no agent ran, is
+// retired: what it left running is killed, by the unit in the dead
+// agent's record.
+func TestSetsidChildrenOfRetiredSurvivorsKilled(t *testing.T) {
+	parallel(t)
+	for _, how := range []string{"app changed", "worker died"} {
+		t.Run(strings.ReplaceAll(how, " ", "-"), func(t *testing.T) {
+			sweepModes(t, func(t *testing.T, env []string, mode string) {
+				port := FreePort(t)
+				d1, d2 := t.TempDir(), t.TempDir()
+				a := NewAgentDir(t, bins, daemonApp(port, 1, "v1", d1))
+				a.Env = env
+				a.Start()
+				old := workerPIDs(a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool {
+					return AllReady(st, "web", 1)
+				}))
+				_, _, children := leftPIDs(t, d1, 1)
+				a.Signal(syscall.SIGKILL)
+				select {
+				case <-a.Done():
+				case <-time.After(10 * time.Second):
+					t.Fatal("agent still running 10s after SIGKILL")
+				}
+				want := "worker exited and left a process running; killed it"
+				if how == "worker died" {
+					if err := syscall.Kill(old[0], syscall.SIGKILL); err != nil {
+						t.Fatal(err)
+					}
+					waitExited(t, old[0], 10*time.Second)
+					want = "a worker left by an agent that died had exited, and left a process running; killed it"
+				} else {
+					a.WriteConfig(daemonApp(port, 1, "v2", d2))
+				}
+				a.Start()
+				a.WaitFor("a new worker ready, and the log naming the killed children", 30*time.Second,
+					func(st *api.Status) bool {
+						return AllReady(st, "web", 1) && !slices.Contains(workerPIDs(st), old[0]) &&
+							strings.Count(a.Log(), want) >= 1
+					})
+				for _, p := range children {
+					waitExited(t, p, 10*time.Second)
+				}
+				requireGone(t, "once the survivor was retired", children)
+				t.Logf("%s, %s: survivor %d retired; %d of its setsid children named as killed", how, mode, old[0],
+					strings.Count(a.Log(), want))
+			})
+		})
+	}
+}

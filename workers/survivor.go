@@ -87,6 +87,20 @@ func Retire(p Process) ([]procunit.Proc, error) {
 	return left, err
 }
 
+// EndIfGone kills what survivor p left running if p itself is gone (it
+// died while no agent ran): nothing supervises those processes, and a
+// setsid daemon among them may hold the app's listening socket, which the
+// next agent must bind. It returns them; nothing while p runs, or for a
+// survivor whose agent recorded no unit.
+func EndIfGone(p Process) ([]procunit.Proc, error) {
+	if p.Unit == nil || handoff.Running(p.PID, p.StartTime) {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
+	defer cancel()
+	return procunit.Reopen(*p.Unit).End(ctx)
+}
+
 func retire(p Process) error {
 	pfd, err := handoff.OpenPidfd(p.PID, p.StartTime)
 	if err != nil {
