@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers"
 )
 
@@ -84,9 +85,14 @@ func (a *Agent) strays(known map[int]bool) []survivor {
 			continue
 		}
 		slot, _ := strconv.Atoi(vars["DEPLOYD_WORKER"])
-		out = append(out, survivor{app: vars["DEPLOYD_APP"], agentPID: agentPID, stray: true,
-			p: workers.Process{Slot: slot, PID: pid, StartTime: start, StopSignal: syscall.SIGTERM,
-				StopTimeout: strayStopTimeout}})
+		p := workers.Process{Slot: slot, PID: pid, StartTime: start, StopSignal: syscall.SIGTERM,
+			StopTimeout: strayStopTimeout}
+		if id := vars[procunit.MarkerVar]; id != "" {
+			// No record names its unit: found again from the process.
+			u := procunit.Find(pid, id)
+			p.Unit = &u
+		}
+		out = append(out, survivor{app: vars["DEPLOYD_APP"], agentPID: agentPID, stray: true, p: p})
 	}
 	return out
 }

@@ -3,10 +3,15 @@ package agent
 import (
 	"fmt"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers"
 )
 
@@ -65,5 +70,44 @@ func TestParseMarker(t *testing.T) {
 	vars := parseEnviron([]byte("A=1\x00B=2\x00A=3\x00C"))
 	if _, cut := vars["C"]; vars["A"] != "1" || vars["B"] != "2" || cut {
 		t.Errorf("parseEnviron: %v", vars)
+	}
+}
+
+// A stray carries its unit's marker: it is found with its unit, and
+// retiring it kills a process that left its group with the marker (a
+// setsid daemon of the stray's; here a sleep in a session of its own).
+func TestStrayRetiredWithWhatItLeft(t *testing.T) {
+	dir := t.TempDir()
+	a := &Agent{settings: config.Agent{StateDir: dir}, log: hclog.NewNullLogger()}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := fmt.Sprintf("%s=%s.%d.1", workers.EnvAgentID, installation(dir), gone.Process.Pid)
+	unit := procunit.MarkerVar + "=strayunit" + strconv.Itoa(gone.Process.Pid)
+	stray := startMarked(t, true, dead, "DEPLOYD_APP=web", unit)
+	daemon := exec.Command("sleep", "60")
+	daemon.Env = []string{unit}
+	daemon.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = daemon.Process.Kill(); _ = daemon.Wait() })
+	exited := make(chan struct{})
+	go func() { _ = daemon.Wait(); close(exited) }()
+	var ss []survivor
+	for _, s := range a.strays(nil) {
+		if s.p.PID == stray {
+			ss = append(ss, s)
+		}
+	}
+	if len(ss) != 1 || ss[0].p.Unit == nil || ss[0].p.Unit.ID == "" {
+		t.Fatalf("stray %d: found %+v, want it with its unit", stray, ss)
+	}
+	a.retire(ss, nil)
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the stray's daemon %d runs on 10s after the stray was retired", daemon.Process.Pid)
 	}
 }

@@ -44,11 +44,16 @@ func newCgroup(name string) *cgroup {
 }
 
 // ownCgroupDir is the folder of the calling process's cgroup v2, "" when
-// there is none: its "0::PATH" line of /proc/self/cgroup under the first
-// cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid
-// system) whose root is a prefix of PATH.
-func ownCgroupDir() string {
-	b, err := readBounded("/proc/self/cgroup", 64<<10)
+// there is none.
+func ownCgroupDir() string { return cgroupDir("self") }
+
+// cgroupDir is the folder of process pid's cgroup v2 ("self": the
+// caller's), "" when there is none: its "0::PATH" line of
+// /proc/PID/cgroup under the first cgroup2 mount (/sys/fs/cgroup, or
+// /sys/fs/cgroup/unified on a hybrid system) whose root is a prefix of
+// PATH.
+func cgroupDir(pid string) string {
+	b, err := readBounded("/proc/"+pid+"/cgroup", 64<<10)
 	if err != nil {
 		return ""
 	}

@@ -167,6 +167,17 @@ func (u *Unit) Record() Record {
 	return r
 }
 
+// Find describes the unit that process pid leads, found without a record
+// (a worker a dead agent never recorded): id is the marker in its
+// environment, its cgroup the one it is in when that is a unit's.
+func Find(pid int, id string) Record {
+	r := Record{ID: id, PGID: pid, Since: startTime(pid)}
+	if dir := cgroupDir(strconv.Itoa(pid)); strings.HasPrefix(filepath.Base(dir), "deployd-") {
+		r.Cgroup = dir
+	}
+	return r
+}
+
 // Reopen is the unit r describes. A cgroup that is gone (removed when its
 // last process left, by an agent or a service manager) or that is not a
 // unit's folder leaves the unit to the sweep; so does a record without
