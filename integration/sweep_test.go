@@ -83,6 +83,30 @@ func killOnCleanup(t *testing.T, pids []int) {
 	})
 }
 
+// childDirs returns n new folders for the pids of setsid children; when
+// the test ends, every child that wrote its pid in one and still runs
+// (its environment names the folder) is SIGKILLed, whatever failed.
+func childDirs(t *testing.T, n int) []string {
+	var dirs []string
+	for range n {
+		dirs = append(dirs, t.TempDir())
+	}
+	t.Cleanup(func() {
+		for _, dir := range dirs {
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
+				pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+				env, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+				if err == nil && Alive(pid) && strings.Contains(string(env), "TESTAPP_DAEMON_DIR="+dir) {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	return dirs
+}
+
 // requireGone fails unless every pid has exited, at once: the operation
 // that returned was to leave none of them.
 func requireGone(t *testing.T, what string, pids []int) {
@@ -192,7 +216,8 @@ func TestSetsidChildrenSweptOnReloadCrashScaleStop(t *testing.T) {
 	parallel(t)
 	sweepModes(t, func(t *testing.T, env []string, mode string) {
 		port := FreePort(t)
-		d1, d2 := t.TempDir(), t.TempDir()
+		dirs := childDirs(t, 2)
+		d1, d2 := dirs[0], dirs[1]
 		a := NewAgentDir(t, bins, daemonApp(port, 2, "v1", d1))
 		a.Env = env
 		a.Start()
@@ -252,7 +277,8 @@ func TestSetsidChildrenSweptAfterAdoption(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			sweepModes(t, func(t *testing.T, env []string, mode string) {
 				port := FreePort(t)
-				d1, d2 := t.TempDir(), t.TempDir()
+				dirs := childDirs(t, 2)
+				d1, d2 := dirs[0], dirs[1]
 				a := NewAgentDir(t, bins, daemonApp(port, 2, "v1", d1))
 				a.Env = env
 				a.UseOwnBinary()
@@ -307,7 +333,8 @@ func TestSetsidChildrenOfRetiredSurvivorsKilled(t *testing.T) {
 		t.Run(strings.ReplaceAll(how, " ", "-"), func(t *testing.T) {
 			sweepModes(t, func(t *testing.T, env []string, mode string) {
 				port := FreePort(t)
-				d1, d2 := t.TempDir(), t.TempDir()
+				dirs := childDirs(t, 2)
+				d1, d2 := dirs[0], dirs[1]
 				a := NewAgentDir(t, bins, daemonApp(port, 1, "v1", d1))
 				a.Env = env
 				a.Start()

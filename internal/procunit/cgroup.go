@@ -171,6 +171,24 @@ func (c *cgroup) waitEvents(d time.Duration) {
 	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLPRI}}, int(d.Milliseconds())+1)
 }
 
+// removeGrace bounds how long removeWhenEmpty waits for the last zombies.
+const removeGrace = time.Second
+
+// removeWhenEmpty removes the cgroup folder once it is empty: a process
+// that exited stays in it until it is reaped, and the orphans of a unit's
+// command are reaped by init (or a subreaper), not by the agent. It waits
+// for that at most removeGrace (or until ctx ends).
+func (c *cgroup) removeWhenEmpty(ctx context.Context) error {
+	deadline := time.Now().Add(removeGrace)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := c.remove()
+		if err == nil || !errors.Is(err, unix.EBUSY) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		c.waitEvents(wait)
+	}
+}
+
 // remove removes the cgroup folder (empty by then). Safe to call twice.
 func (c *cgroup) remove() error {
 	c.closeFD()

@@ -240,7 +240,7 @@ func (u *Unit) End(ctx context.Context) ([]Proc, error) {
 				return left, err
 			}
 		}
-		return left, u.cg.remove()
+		return left, u.cg.removeWhenEmpty(ctx)
 	}
 	_ = syscall.Kill(-u.pgid, syscall.SIGKILL)
 	if len(left) == 0 {
