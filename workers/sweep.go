@@ -77,6 +77,10 @@ func (w *Worker) unitRecord() *procunit.Record {
 // alone), and one that still holds the socket when the reload is to
 // return is killed then.
 
+// escapedExitGrace is how long endEscaped waits for an escaped process
+// that let go of the sockets to be gone.
+const escapedExitGrace = 200 * time.Millisecond
+
 // escapee is such a process, watched through a pidfd.
 type escapee struct {
 	procunit.Proc
@@ -152,6 +156,10 @@ func (w *Worker) endEscaped(until time.Time, log hclog.Logger) {
 			}
 			exitedWithin(e.fd, stopAcceptingPoll)
 		}
+		// One that let go of the sockets is most often exiting (its files
+		// are closed before it exits): a moment to be gone. One that runs
+		// on without them is killed with what else its worker leaves.
+		exitedWithin(e.fd, escapedExitGrace)
 		unix.Close(e.fd)
 	}
 }
