@@ -3,6 +3,7 @@ package workers
 import (
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/deployd/deployd/internal/sockdiag"
 )
@@ -113,6 +114,10 @@ func (s *Supervisor) sampleSteered(st *state, addrs []steeredAddr) []queueReadin
 	return rs
 }
 
+// socketsRetry is how long findSockets waits before it looks in a
+// worker's /proc/PID/fd again after it found none of its sockets there.
+const socketsRetry = 10 * time.Second
+
 // findSockets makes sure w.sockets is known: for a worker adopted already
 // in the steering map (the agent holds no copy of its sockets), its
 // sockets of the group are looked for in its /proc/PID/fd once. False
@@ -121,9 +126,10 @@ func findSockets(w *Worker, group map[uint64]bool) bool {
 	if w.sockets != nil {
 		return true
 	}
-	if w.PID <= 0 {
-		return false
+	if w.PID <= 0 || w.State() != Ready || time.Since(w.socketsLooked) < socketsRetry {
+		return false // the loop reads no /proc for a worker on its way out, nor every tick
 	}
+	w.socketsLooked = time.Now()
 	held, err := sockdiag.Inodes(w.PID)
 	if err != nil {
 		return false
@@ -135,7 +141,7 @@ func findSockets(w *Worker, group map[uint64]bool) bool {
 		}
 	}
 	if len(own) == 0 {
-		return false // none open (yet, or any more): look again next tick
+		return false // none open (yet, or any more): look again after socketsRetry
 	}
 	w.sockets = own
 	return true

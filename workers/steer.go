@@ -151,7 +151,11 @@ func (s *Supervisor) steerPoolWith(st *state, ready *Worker) {
 			if st.connBase == nil {
 				st.connBase = map[*Worker]uint64{}
 			}
-			st.connBase[w] = countAt(gs, p)
+			if n, ok := countAt(gs, p); ok {
+				st.connBase[w] = n
+			} else {
+				delete(st.connBase, w) // unknown rather than counted from a wrong base
+			}
 			s.steerIn(p, w)
 		}
 	}
@@ -217,15 +221,17 @@ func (w *Worker) hasMembers() bool {
 	return len(w.members) > 0
 }
 
-// countAt sums the connections the groups gave to position p.
-func countAt(gs []*steer.Group, p int) uint64 {
-	var n uint64
+// countAt sums the connections the groups gave to position p; ok is
+// false when there is no group or a count cannot be read.
+func countAt(gs []*steer.Group, p int) (n uint64, ok bool) {
 	for _, g := range gs {
-		if c, err := g.Count(p); err == nil {
-			n += c
+		c, err := g.Count(p)
+		if err != nil {
+			return 0, false
 		}
+		n += c
 	}
-	return n
+	return n, len(gs) > 0
 }
 
 // connections is how many new connections w got since it took its
@@ -237,7 +243,11 @@ func (st *state) connections(sl *slot) (n uint64, ok bool) {
 	if !placed || !known {
 		return 0, false
 	}
-	return countAt(steeredGroups(st.spec), p) - base, true
+	n, ok = countAt(steeredGroups(st.spec), p)
+	if !ok || n < base { // not steered any more, or not the count the base was taken from
+		return 0, false
+	}
+	return n - base, true
 }
 
 // steerIn puts w's own sockets in slot (replacing the ones there), then
@@ -298,7 +308,9 @@ func (s *Supervisor) cutover(st *state, group []*slot, news []*Worker, release s
 	}
 	c := &cut{base: map[*Worker]uint64{}}
 	for w, p := range staged {
-		c.base[w] = countAt(gs, p)
+		if n, ok := countAt(gs, p); ok {
+			c.base[w] = n
+		}
 	}
 	c.event = s.changeStateTo(st, Event{Type: EventCutover, Time: at, Release: release,
 		Message: fmt.Sprintf("%d new workers took every position at once", len(staged))}, nil)
@@ -438,8 +450,8 @@ func adoptMembers(spec *Spec, h *Handover) []member {
 // had when the worker took it under the previous agent, so that its
 // new_connections go on counting from where they were.
 func (st *state) adoptConnBase(sl *slot, ps *SlotHandover) {
-	if _, placed := st.pos[sl]; !placed || ps.ConnBase == nil || sl.cur == nil {
-		return
+	if p, placed := st.pos[sl]; !placed || ps.Position == nil || p != *ps.Position || ps.ConnBase == nil || sl.cur == nil {
+		return // the base is the count of the place the worker had
 	}
 	if st.connBase == nil {
 		st.connBase = map[*Worker]uint64{}

@@ -443,3 +443,30 @@ func TestSparesCrossAHandover(t *testing.T) {
 		return len(tl.failed) == 0 && tl.by[spare] == 1
 	})
 }
+
+// A worker adopted with a count base from a steered pool, in a pool that
+// is not steered (any more), has an unknown count: never 0 minus the base.
+func TestConnectionsUnknownWithoutSteering(t *testing.T) {
+	w := &Worker{}
+	sl := &slot{cur: w}
+	st := &state{spec: &Spec{}, pos: map[*slot]int{sl: 0}, connBase: map[*Worker]uint64{w: 42}}
+	if n, ok := st.connections(sl); ok {
+		t.Fatalf("connections = %d, known, in a pool with no steered listener", n)
+	}
+}
+
+// The base handed over is adopted only for the place it was taken from.
+func TestAdoptConnBaseOnlyForItsPlace(t *testing.T) {
+	w := &Worker{}
+	sl := &slot{cur: w}
+	st := &state{pos: map[*slot]int{sl: 1}}
+	zero, one, base := 0, 1, uint64(42)
+	st.adoptConnBase(sl, &SlotHandover{Position: &zero, ConnBase: &base})
+	if _, ok := st.connBase[w]; ok {
+		t.Fatalf("a base of place 0 adopted for a worker at place 1")
+	}
+	st.adoptConnBase(sl, &SlotHandover{Position: &one, ConnBase: &base})
+	if got := st.connBase[w]; got != base {
+		t.Fatalf("base %d, want %d", got, base)
+	}
+}

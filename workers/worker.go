@@ -97,6 +97,8 @@ type Worker struct {
 	// until known. Owned by the loop (acceptq.go) once the worker is in
 	// the pool.
 	sockets []uint64
+	// socketsLooked is when findSockets last looked for sockets in vain.
+	socketsLooked time.Time
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker

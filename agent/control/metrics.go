@@ -247,6 +247,9 @@ func collectBalance(e *exposition, f agent.AppFigures) {
 			ready++
 		}
 	}
+	// A reload's new workers wait out of the map like spares, and status
+	// shows them so; the gauge counts no more than the app's own spares.
+	ready = min(ready, st.Spares)
 	e.add("deployd_app_spares", "", float64(st.Spares), "app", st.Name)
 	e.add("deployd_app_spares_ready", "", float64(ready), "app", st.Name)
 	for _, q := range st.AcceptQueues {
