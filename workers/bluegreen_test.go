@@ -309,6 +309,16 @@ func TestBlueGreenCanaryOnASteeredPool(t *testing.T) {
 	if n := countKind(events, EventCutover); n != 0 {
 		t.Errorf("%d cutover events for a canary and its promote", n)
 	}
+	// The operator is told why there was no cutover at once.
+	notices := 0
+	for _, e := range events {
+		if e.Type == EventNotice && strings.Contains(e.Message, "one by one") && strings.Contains(e.Message, "canary") {
+			notices++
+		}
+	}
+	if notices == 0 {
+		t.Errorf("no notice that the canary's workers switch one by one: %v", events)
+	}
 	now := pids(currentWorkers(s))
 	tl := load(addr, 1, 30, nil)
 	if len(tl.failed) > 0 || len(tl.by) != 3 {

@@ -13,6 +13,7 @@ const (
 	EventFailed   EventKind = "failed"   // a new worker did not get ready, or could not start
 	EventServing  EventKind = "serving"  // a new worker took over its slot
 	EventCutover  EventKind = "cutover"  // a blue-green generation took every position of the steering map at once
+	EventNotice   EventKind = "notice"   // a note about the operation for the operator (Message)
 	EventDraining EventKind = "draining" // a worker was told to stop and finish in-flight work
 	EventExited   EventKind = "exited"   // a worker the supervisor stopped is gone
 	EventCrash    EventKind = "crash"    // a worker exited on its own

@@ -296,7 +296,9 @@ func (s *Supervisor) cutover(st *state, group []*slot, news []*Worker, release s
 	}
 	if why := cutoverBlocked(st, group, staged, gs); why != "" {
 		s.log.Info("blue-green: the new workers take their positions one by one", "why", why)
-		return nil
+		// No cutover: the reload's progress says so, and why.
+		return &cut{base: map[*Worker]uint64{}, event: s.changeStateTo(st, Event{Type: EventNotice, Release: release,
+			Message: "blue-green without a cutover at once: the new workers take their positions one by one: " + why}, nil)}
 	}
 	at := time.Now() // before the update: no connection reached a new worker earlier
 	switched := false
@@ -347,6 +349,20 @@ func cutoverBlocked(st *state, group []*slot, staged map[*Worker]int, gs []*stee
 // socket yet. On error it unstages them and keeps the copies (steerPool
 // then puts the workers in one by one), and reports false.
 func (s *Supervisor) flipIn(g *steer.Group, staged map[*Worker]int, active int) bool {
+	if err := s.switchHalves(g, staged, active); err != nil {
+		s.log.Error("steering: cannot switch the new workers in at once; they take their positions one by one", "error", err)
+		return false
+	}
+	for w := range staged {
+		closeMembers(w.takeMembersOf(g))
+	}
+	return true
+}
+
+// switchHalves stages the sockets of staged in the standby half and makes
+// it live, keeping the agent's copies of the sockets. On error the
+// standby half is left without them.
+func (s *Supervisor) switchHalves(g *steer.Group, staged map[*Worker]int, active int) error {
 	taken := map[int]bool{}
 	for _, p := range staged {
 		taken[p] = true
@@ -360,24 +376,17 @@ func (s *Supervisor) flipIn(g *steer.Group, staged map[*Worker]int, active int) 
 	}
 	var done []int
 	for w, p := range staged {
-		err := w.stage(g, p)
-		if err == nil {
-			done = append(done, p)
-			continue
+		if err := w.stage(g, p); err != nil {
+			unstage(g, done)
+			return fmt.Errorf("stage worker %d (pid %d): %w", w.Slot, w.PID, err)
 		}
-		s.log.Error("steering: cannot stage a new worker; they take their positions one by one", "worker", w.Slot, "pid", w.PID, "error", err)
-		unstage(g, done)
-		return false
+		done = append(done, p)
 	}
 	if err := g.Flip(); err != nil {
-		s.log.Error("steering: cannot switch the new workers in at once; they take their positions one by one", "error", err)
 		unstage(g, done)
-		return false
+		return err
 	}
-	for w := range staged {
-		closeMembers(w.takeMembersOf(g))
-	}
-	return true
+	return nil
 }
 
 func unstage(g *steer.Group, positions []int) {
@@ -389,18 +398,20 @@ func unstage(g *steer.Group, positions []int) {
 // stage puts w's own socket of g at position p of g's standby half.
 func (w *Worker) stage(g *steer.Group, p int) error {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, m := range w.members {
-		if m.group != g {
-			continue
-		}
-		fd, err := m.sock.Fd()
-		if err != nil {
-			return err
-		}
-		return g.Stage(p, fd)
+	i := slices.IndexFunc(w.members, func(m member) bool { return m.group == g })
+	var m member
+	if i >= 0 {
+		m = w.members[i] // closed only by the loop, which runs this
 	}
-	return fmt.Errorf("worker %d holds no socket of its own for this listener", w.Slot)
+	w.mu.Unlock()
+	if i < 0 {
+		return fmt.Errorf("worker %d holds no socket of its own for this listener", w.Slot)
+	}
+	fd, err := m.sock.Fd()
+	if err != nil {
+		return err
+	}
+	return g.Stage(p, fd)
 }
 
 // takeMembersOf is takeMembers for g's socket alone.

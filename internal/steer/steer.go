@@ -359,7 +359,7 @@ func (g *Group) Unstage(slot int) error {
 // ErrNoStandby: the group's program came from an agent whose map had one
 // half only (taken over by FromFile), so it cannot switch a generation in
 // at once.
-var ErrNoStandby = errors.New("steer: this steering program has no standby half (loaded by an older agent); a generation can only be switched in slot by slot until the app's listener is opened again")
+var ErrNoStandby = errors.New("steer: this steering program has no standby half (loaded by an older agent); a generation can only be switched in slot by slot until the app's listener is opened anew (remove the app from the config, reload, add it again)")
 
 // CanFlip reports whether the group has a standby half (Stage, Flip).
 func (g *Group) CanFlip() bool { return g.base != nil }
