@@ -134,7 +134,7 @@ stop_timeout = "1s"`))
 	})
 	for _, w := range appOf(st, "web").Workers {
 		if want := map[int]int{0: 0, 1: 1}[w.Slot]; w.WatchdogReplacements != want {
-			t.Errorf("slot %d: %d watchdog replacements, want %d", w.Slot, w.WatchdogReplacements, want)
+			t.Errorf("slot %d: %d watchdog replacements, want %d (%+v)\nagent log:\n%s", w.Slot, w.WatchdogReplacements, want, w, a.Log())
 		}
 	}
 	if p := slotPIDs(st, "web"); p[0] != before[0] {
