@@ -91,6 +91,11 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 		h.succeeded()
 	}
 	if err != nil {
+		// The new agent may have told systemd it is the main pid before it
+		// died: systemd would take the service for dead at the next look
+		// (a reload's `kill -HUP $MAINPID`, a stop) and start another
+		// agent beside this one. This one is the main pid again.
+		notify("MAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving (an agent upgrade failed)")
 		msg := fmt.Sprintf("the new agent did not get ready (%v); this agent (pid %d) keeps serving", err, os.Getpid())
 		if swapped {
 			if rerr := selfupdate.Restore(a.shim); rerr != nil {

@@ -128,9 +128,13 @@ stop_timeout = "1s"`))
 	if err := syscall.Kill(before[1], syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// The replacement counts once it is done: the new worker took the slot
+	// and the hung one was told to stop (it never says it stopped
+	// accepting, so that takes the bounded wait for it).
 	st = a.WaitFor("hung adopted worker replaced", 30*time.Second, func(st *api.Status) bool {
 		p := slotPIDs(st, "web")
-		return AllReady(st, "web", 2) && p[1] != before[1]
+		w, _ := workerOf(st, "web", p[1])
+		return AllReady(st, "web", 2) && p[1] != before[1] && w.WatchdogReplacements > 0
 	})
 	for _, w := range appOf(st, "web").Workers {
 		if want := map[int]int{0: 0, 1: 1}[w.Slot]; w.WatchdogReplacements != want {

@@ -84,9 +84,13 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 		if victim == "new" {
 			// ... and done with the upgrade that failed: until it has said
 			// so, the next SIGHUP finds an upgrade in flight and is refused.
+			// The new agent had told systemd it was the main pid: the old
+			// one says it is again, or the next reload's kill -HUP would
+			// find the main pid dead and systemd would start another agent.
 			st = a.WaitFor("the old agent serving on, its upgrade given up", 30*time.Second, func(st *api.Status) bool {
 				return st.Agent.PID == old && !Alive(child) && AllReady(st, "web", n) &&
-					strings.Contains(sd.journal("deployd"), "upgrade refused or failed")
+					strings.Contains(sd.journal("deployd"), "upgrade refused or failed") &&
+					sd.mainPID("deployd") == old
 			})
 		} else {
 			st = sd.nextAgent(a, old, n)
