@@ -53,8 +53,9 @@ func installation(stateDir string) string {
 }
 
 // strays lists the processes of this installation whose agent is gone,
-// other than known (recorded survivors, this agent's own workers).
-func (a *Agent) strays(known map[int]bool) []survivor {
+// other than known (recorded survivors, this agent's own workers) and
+// the processes a known worker left in its unit (units: their ids).
+func (a *Agent) strays(known map[int]bool, units map[string]bool) []survivor {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -87,7 +88,12 @@ func (a *Agent) strays(known map[int]bool) []survivor {
 		slot, _ := strconv.Atoi(vars["DEPLOYD_WORKER"])
 		p := workers.Process{Slot: slot, PID: pid, StartTime: start, StopSignal: syscall.SIGTERM,
 			StopTimeout: strayStopTimeout}
-		if id := vars[procunit.MarkerVar]; id != "" {
+		if id := vars[procunit.MarkerVar]; units[id] {
+			// A process a known worker left (a setsid daemon): it goes when
+			// that worker goes, with its unit. Retired here, it would take
+			// the unit, and the worker in it, with it.
+			continue
+		} else if id != "" {
 			// No record names its unit: found again from the process.
 			u := procunit.Find(pid, id)
 			p.Unit = &u

@@ -44,9 +44,12 @@ func TestStraysAreFoundByTheirMarker(t *testing.T) {
 		gone.Process.Pid), "DEPLOYD_APP=web") // another installation's
 	mine := startMarked(t, true, workers.EnvAgentID+"="+agentMarker(dir), "DEPLOYD_APP=web") // this agent's
 	known := startMarked(t, true, dead, "DEPLOYD_APP=web")
+	// A setsid daemon a known (adopted) worker left, in that worker's unit:
+	// retired as a stray, its unit's end would kill the worker too.
+	left := startMarked(t, true, dead, "DEPLOYD_APP=web", procunit.MarkerVar+"=0123456789abcdef")
 
 	found := map[int]survivor{}
-	for _, s := range a.strays(map[int]bool{known: true}) {
+	for _, s := range a.strays(map[int]bool{known: true}, map[string]bool{"0123456789abcdef": true}) {
 		found[s.p.PID] = s
 	}
 	s, ok := found[stray]
@@ -54,7 +57,7 @@ func TestStraysAreFoundByTheirMarker(t *testing.T) {
 		t.Errorf("stray %d: found %v, %+v", stray, ok, s)
 	}
 	for name, pid := range map[string]int{"a non-leader": child, "another installation's": other,
-		"this agent's": mine, "a recorded one": known} {
+		"this agent's": mine, "a recorded one": known, "a known worker's daemon": left} {
 		if _, ok := found[pid]; ok {
 			t.Errorf("%s process %d taken for a stray", name, pid)
 		}
@@ -96,7 +99,7 @@ func TestStrayRetiredWithWhatItLeft(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { _ = daemon.Wait(); close(exited) }()
 	var ss []survivor
-	for _, s := range a.strays(nil) {
+	for _, s := range a.strays(nil, nil) {
 		if s.p.PID == stray {
 			ss = append(ss, s)
 		}

@@ -274,7 +274,20 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 	for _, s := range out {
 		known[s.p.PID] = true
 	}
-	return append(out, a.strays(known)...), records
+	units := map[string]bool{} // of the workers known, which end what they left
+	for _, ps := range a.processes() {
+		for _, p := range ps {
+			if p.Unit != nil {
+				units[p.Unit.ID] = true
+			}
+		}
+	}
+	for _, s := range out {
+		if s.p.Unit != nil {
+			units[s.p.Unit.ID] = true
+		}
+	}
+	return append(out, a.strays(known, units)...), records
 }
 
 // survivorSockets copies the listening sockets of one live survivor per app

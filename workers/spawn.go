@@ -237,6 +237,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		own := *spec
 		own.Listeners = ls
 		if c.node, err = prepareNode(&own, env, c.health, direct); err != nil {
+			unit.DropCgroup() // made for a start that does not happen
 			c.closeChild()
 			c.closeParent()
 			closeMembers(members)

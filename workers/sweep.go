@@ -106,8 +106,9 @@ func (w *Worker) stopEscaped(sig syscall.Signal) {
 		if err != nil {
 			continue
 		}
-		// Checked once the pidfd is open: a reused pid holds no socket of ours.
-		if !holdsOwn(p.PID, socks) {
+		// Checked once the pidfd is open: a reused pid (a new worker's,
+		// which holds the same sockets) is not in this unit.
+		if !w.unit.Has(p.PID) || !holdsOwn(p.PID, socks) {
 			unix.Close(fd)
 			continue
 		}
@@ -181,7 +182,7 @@ func exitedWithin(fd int, d time.Duration) bool {
 	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	deadline := time.Now().Add(d)
 	for {
-		n, err := unix.Poll(pfd, int(time.Until(deadline).Milliseconds()))
+		n, err := unix.Poll(pfd, int(max(time.Until(deadline).Milliseconds(), 0))) // -1 would wait for ever
 		if err == nil || !errors.Is(err, unix.EINTR) || time.Now().After(deadline) {
 			return n > 0
 		}

@@ -172,10 +172,18 @@ func (u *Unit) Record() Record {
 // environment, its cgroup the one it is in when that is a unit's.
 func Find(pid int, id string) Record {
 	r := Record{ID: id, PGID: pid, Since: startTime(pid)}
-	if dir := cgroupDir(strconv.Itoa(pid)); strings.HasPrefix(filepath.Base(dir), "deployd-") {
+	if dir := cgroupDir(strconv.Itoa(pid)); unitsCgroup(dir, id) {
 		r.Cgroup = dir
 	}
 	return r
+}
+
+// unitsCgroup reports whether dir is the cgroup New made for the unit id:
+// "deployd-NAME-" and the id's first 8 characters, never another folder
+// that happens to start with "deployd-" (a service named deployd-blue).
+func unitsCgroup(dir, id string) bool {
+	base := filepath.Base(dir)
+	return filepath.IsAbs(dir) && len(id) >= 8 && strings.HasPrefix(base, "deployd-") && strings.HasSuffix(base, "-"+id[:8])
 }
 
 // Reopen is the unit r describes. A cgroup that is gone (removed when its
@@ -184,7 +192,7 @@ func Find(pid int, id string) Record {
 // one. Nothing is created or changed.
 func Reopen(r Record) *Unit {
 	u := &Unit{id: r.ID, pgid: r.PGID, since: r.Since}
-	if r.Cgroup != "" && strings.HasPrefix(filepath.Base(r.Cgroup), "deployd-") && filepath.IsAbs(r.Cgroup) {
+	if r.Cgroup != "" && unitsCgroup(r.Cgroup, r.ID) {
 		if _, err := os.Stat(filepath.Join(r.Cgroup, "cgroup.procs")); err == nil {
 			u.cg = &cgroup{dir: r.Cgroup, fd: -1}
 		}
@@ -217,6 +225,15 @@ func (u *Unit) Procs() []Proc {
 		}
 	}
 	return out
+}
+
+// Has reports whether live process pid belongs to the unit now: a caller
+// that opened a pidfd for a pid Procs listed checks it against reuse.
+func (u *Unit) Has(pid int) bool {
+	if u.cg != nil {
+		return cgroupDir(strconv.Itoa(pid)) == u.cg.dir && !exited(pid)
+	}
+	return u.member(pid, []byte(MarkerVar+"="+u.id))
 }
 
 // Signal sends sig to every process of the unit (a polite stop before

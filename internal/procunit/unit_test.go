@@ -97,6 +97,11 @@ func TestDaemonLeftBehindIsKilled(t *testing.T) {
 			if gone(daemon) {
 				t.Fatalf("the daemon %d is not running", daemon)
 			}
+			// Has tells the unit's processes from any other (a reused pid).
+			if !u.Has(daemon) || u.Has(os.Getpid()) || u.Has(os.Getppid()) {
+				t.Errorf("Has: daemon %v, the test %v, its parent %v; want true, false, false",
+					u.Has(daemon), u.Has(os.Getpid()), u.Has(os.Getppid()))
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			left, err := u.End(ctx)
