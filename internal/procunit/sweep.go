@@ -78,11 +78,9 @@ func (u *Unit) member(pid int, marker []byte) bool {
 	if len(f) < 3 || string(f[0]) == "Z" || string(f[0]) == "X" {
 		return false
 	}
-	if inGroup {
-		return true
-	}
 	// Field 22, the start time: a process older than the unit's command
-	// is not one of its own, whatever its environment says.
+	// is not one of its own, whatever its environment or group says (a
+	// group id reused after the unit's group emptied, after a reboot).
 	if len(f) > 19 {
 		if start, err := strconv.ParseUint(string(f[19]), 10, 64); err == nil && start < u.since {
 			return false

@@ -259,7 +259,8 @@ func (u *Unit) End(ctx context.Context) ([]Proc, error) {
 		}
 		return left, u.cg.removeWhenEmpty(ctx)
 	}
-	_ = syscall.Kill(-u.pgid, syscall.SIGKILL)
+	// The members the sweep found, each checked, not the group id: once the
+	// command is gone, its group may be empty and its id someone else's.
 	if len(left) == 0 {
 		return nil, nil
 	}
