@@ -162,13 +162,24 @@ var ethIPv4 = int32(binary.NativeEndian.Uint16([]byte{0x08, 0x00}))
 const (
 	mdEthProtocol = 20
 	mdHash        = 32
+	mdMigratingSk = 48 // struct bpf_sock *, NULL unless migrating
+)
+
+// Offsets in struct bpf_sock (include/uapi/linux/bpf.h): for a migrating
+// connection the "destination" is its client.
+const (
+	bsFamily  = 4
+	bsDstIP4  = 52
+	bsDstIP6w = 56 + 12 // the last word of dst_ip6
 )
 
 // program picks the socket of a new (or migrating) connection:
 //
 //	held:   the Hold socket, if there is one
 //	even:   slot = arrivals % active (turns, in arrival order)
-//	sticky: slot = mix(client IPv4, or the last word of an IPv6) % active
+//	sticky: slot = mix(client IPv4, or the last word of an IPv6) % active,
+//	        the client's address read from the packet or, for a connection
+//	        migrating off a closed socket (no packet), from that connection
 //	then the first live slot from there on (a crashed worker's socket has
 //	left the map: its clients all go to the next one), in the live half
 //	(the base map's index, 0 without one).
@@ -238,12 +249,20 @@ func program(socks, cfg, counts, base *ebpf.Map) asm.Instructions {
 		asm.Mov.Imm(asm.R4, 4),
 		asm.Mov.Imm(asm.R5, 1), // BPF_HDR_START_NET
 		asm.FnSkbLoadBytesRelative.Call(),
-		// A migrating request of a closed socket may come without a
-		// packet: then the hash decides.
-		asm.JNE.Imm(asm.R0, 0, "spread"),
+		asm.JNE.Imm(asm.R0, 0, "migrating"),
 		asm.LoadMem(asm.R9, asm.RFP, -12, asm.Word),
+		asm.Ja.Label("mix"),
+		// A connection migrating off a closed socket comes without a
+		// packet: its client is the socket's peer, so that it goes where
+		// its client's new connections go. Neither: the hash decides.
+		asm.LoadMem(asm.R1, asm.R6, mdMigratingSk, asm.DWord).WithSymbol("migrating"),
+		asm.JEq.Imm(asm.R1, 0, "spread"),
+		asm.LoadMem(asm.R2, asm.R1, bsFamily, asm.Word),
+		asm.LoadMem(asm.R9, asm.R1, bsDstIP6w, asm.Word), // v4-mapped too
+		asm.JNE.Imm(asm.R2, unix.AF_INET, "mix"),
+		asm.LoadMem(asm.R9, asm.R1, bsDstIP4, asm.Word),
 	)
-	p = append(p, mix(asm.R9)...)
+	p = append(p, mix(asm.R9, "mix")...)
 	p = append(p,
 		asm.Mod.Reg32(asm.R9, asm.R7).WithSymbol("spread"), // first slot to try
 		asm.Mov.Imm(asm.R8, 0),                             // slots tried
@@ -278,13 +297,15 @@ func program(socks, cfg, counts, base *ebpf.Map) asm.Instructions {
 }
 
 // mix is a 32-bit integer hash (lowbias32, by Chris Wellons) of r in place
-// (r1 is scratch): every bit of a client address moves the slot.
-func mix(r asm.Register) asm.Instructions {
+// (r1 is scratch), its first instruction labelled label: every bit of a
+// client address moves the slot.
+func mix(r asm.Register, label string) asm.Instructions {
 	xorShift := func() asm.Instructions {
 		return asm.Instructions{asm.Mov.Reg32(asm.R1, r), asm.RSh.Imm32(asm.R1, 16), asm.Xor.Reg32(r, asm.R1)}
 	}
 	var p asm.Instructions
 	p = append(p, xorShift()...)
+	p[0] = p[0].WithSymbol(label)
 	p = append(p, asm.Mul.Imm32(r, 0x7feb352d))
 	p = append(p, asm.Mov.Reg32(asm.R1, r), asm.RSh.Imm32(asm.R1, 15), asm.Xor.Reg32(r, asm.R1))
 	p = append(p, asm.Mul.Imm32(r, -2073254261)) // 0x846ca68b

@@ -394,3 +394,62 @@ func TestFlipCarriesOverFromFile(t *testing.T) {
 		t.Fatalf("queues %v: Set after a takeover must write to the live half", got)
 	}
 }
+
+// TestStickyMigrationFollowsTheClient: the connections queued on a socket
+// that closes move where their clients' new connections go (the program
+// reads the client from the migrating connection, which has no packet),
+// not wherever their 4-tuples' hashes fall.
+func TestStickyMigrationFollowsTheClient(t *testing.T) {
+	g := needGroup(t, Sticky)
+	p := newPool(t, g, 3)
+	// home dials n connections from src and returns the socket they all
+	// reached.
+	home := func(src string, n int) int {
+		t.Helper()
+		before := counts(t, p.socks)
+		dial(t, p.addr, src, n)
+		after := counts(t, p.socks)
+		at := -1
+		for i := range after {
+			switch d := after[i] - before[i]; {
+			case d == n:
+				at = i
+			case d != 0:
+				t.Fatalf("client %s: queues %v → %v, want its %d connections on one socket", src, before, after, n)
+			}
+		}
+		if at < 0 {
+			t.Fatalf("client %s: queues %v → %v", src, before, after)
+		}
+		return at
+	}
+	const perClient = 8
+	homes := map[string]int{}
+	for i := range 12 {
+		src := fmt.Sprintf("127.0.0.%d", i+2)
+		homes[src] = home(src, perClient)
+	}
+	gone := homes["127.0.0.2"]
+	// As when a worker drains: its socket leaves the map (its clients'
+	// new connections go to the next live one), then closes.
+	if err := g.Clear(gone); err != nil {
+		t.Fatal(err)
+	}
+	want := counts(t, p.socks)
+	moving := 0
+	for src, h := range homes {
+		if h == gone {
+			next := home(src, 1)
+			want[next] += 1 + perClient // the new one, and the queued ones to come
+			moving++
+		}
+	}
+	p.socks[gone].Close()
+	want = slices.Delete(want, gone, gone+1)
+	got := counts(t, slices.Delete(slices.Clone(p.socks), gone, gone+1))
+	if !slices.Equal(got, want) {
+		t.Fatalf("after socket %d closed with the %d queued connections of %d clients: queues %v, want %v (each client's with its new connection)",
+			gone, moving*perClient, moving, got, want)
+	}
+	t.Logf("%d connections of %d clients moved with them; queues %v", moving*perClient, moving, got)
+}
