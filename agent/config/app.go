@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,6 +44,7 @@ type rawApp struct {
 	MembersRoot  toml.Primitive `toml:"members_may_run_as_root"`
 	Watchdog     toml.Primitive `toml:"watchdog"`
 	RecycleAfter toml.Primitive `toml:"recycle_after"`
+	RecycleAt    toml.Primitive `toml:"recycle_at"`
 	Logs         toml.Primitive `toml:"logs"`
 	Node         toml.Primitive `toml:"node"`
 	Health       toml.Primitive `toml:"health"`
@@ -190,6 +192,13 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.duration(raw.RecycleAfter, k("recycle_after"), &a.RecycleAfter, true)
 	if a.RecycleAfter > 0 && a.RecycleAfter < time.Second {
 		d.fail(k("recycle_after"), a.RecycleAfter.String(), hint(nil, `too short to serve between replacements; use e.g. "24h" (0 = off)`))
+	}
+	if s, ok := get[string](d, raw.RecycleAt, k("recycle_at")); ok && strings.TrimSpace(s) != "" {
+		if _, err := ParseRecycleAt(s); err != nil {
+			d.fail(k("recycle_at"), strconv.Quote(s), hint(err, `not a schedule: %v; write crontab's five fields (minute hour day month weekday), e.g. "0 4 * * *" (every day at 04:00, the agent's time zone), "30 3 * * 1" or "CRON_TZ=Europe/Berlin 0 4 * * *", or @daily, @weekly; for a worker's age use recycle_after`, err))
+		} else {
+			a.RecycleAt = strings.TrimSpace(s)
+		}
 	}
 	d.restart(raw.Restart, k("restart"), &a.Restart)
 	d.logs(raw.Logs, k("logs"), &a.Logs)

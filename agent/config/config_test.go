@@ -84,6 +84,13 @@ func TestErrors(t *testing.T) {
 		{"min_ready unit", web + `min_ready = "2"`, 3, "apps.web.min_ready", "not a duration"},
 		{"canary_timeout negative", web + `canary_timeout = "-1m"`, 3, "apps.web.canary_timeout", "must not be negative"},
 		{"canary_action unknown", web + `canary_action = "rollback"`, 3, `apps.web.canary_action = "rollback"`, `unknown canary action; use "abort"`},
+		{"recycle_at fields", web + `recycle_at = "0 4 * *"`, 3, `apps.web.recycle_at = "0 4 * *"`, `not a schedule: expected 5 to 6 fields, found 4: [0 4 * *]; write crontab's five fields (minute hour day month weekday), e.g. "0 4 * * *"`},
+		{"recycle_at range", web + `recycle_at = "0 25 * * *"`, 3, `apps.web.recycle_at`, `not a schedule: end of range (25) above maximum (23)`},
+		{"recycle_at zone alone", web + `recycle_at = "TZ=UTC"`, 3, `apps.web.recycle_at = "TZ=UTC"`, "not a schedule: a time zone without a schedule after it"},
+		{"recycle_at zone unknown", web + `recycle_at = "CRON_TZ=Mars/Olympus 0 4 * * *"`, 3, `apps.web.recycle_at`, "not a schedule: provided bad location Mars/Olympus"},
+		{"recycle_at never", web + `recycle_at = "0 4 30 2 *"`, 3, `apps.web.recycle_at`, "not a schedule: never comes"},
+		{"recycle_at every", web + `recycle_at = "@every 1h"`, 3, `apps.web.recycle_at`, "@every is an interval, not a time of day; write crontab's five fields"},
+		{"recycle_at type", web + `recycle_at = 4`, 3, `apps.web.recycle_at = 4`, "want a string"},
 		{"type array", "[apps.web]\ncommand = \"./server\"", 2, "apps.web.command", `want an array of strings; write it like command = ["./server", "-v"]`},
 		{"type array elem", "[apps.web]\ncommand = [\"./server\", 1]", 2, "apps.web.command", "want an array of strings"},
 		{"type env", web + "env = 5", 3, "apps.web.env = 5", `want a table; write it like env = { MODE = "prod" }`},
@@ -449,5 +456,33 @@ func TestDefaultSocket(t *testing.T) {
 	}
 	if got := DefaultSocket(); !filepath.IsAbs(got) {
 		t.Errorf("DefaultSocket() = %q", got)
+	}
+}
+
+// TestRecycleAt: the forms recycle_at takes, and what a schedule means:
+// its first time after a worker's start.
+func TestRecycleAt(t *testing.T) {
+	start := time.Date(2026, 12, 3, 1, 30, 0, 0, time.UTC)
+	for _, c := range []struct{ in, next string }{
+		{"0 4 * * *", "2026-12-03T04:00:00Z"},
+		{"  30 3 * * MON ", "2026-12-07T03:30:00Z"}, // 2026-12-03 is a Thursday
+		{"*/15 * * * * *", "2026-12-03T01:30:15Z"},  // seconds first, as PM2's cron_restart
+		{"@daily", "2026-12-04T00:00:00Z"},
+		{"CRON_TZ=Europe/Berlin 0 4 * * *", "2026-12-03T03:00:00Z"}, // 04:00 in Berlin (UTC+1), 02:30 there at the start
+	} {
+		a := loadOK(t, web+fmt.Sprintf("recycle_at = %q\n", c.in)).Apps["web"]
+		if a.RecycleAt != strings.TrimSpace(c.in) {
+			t.Errorf("%q: RecycleAt %q", c.in, a.RecycleAt)
+		}
+		sched, err := ParseRecycleAt(a.RecycleAt)
+		if err != nil {
+			t.Fatalf("%q: %v", c.in, err)
+		}
+		if got := sched.Next(start).UTC().Format(time.RFC3339); got != c.next {
+			t.Errorf("%q: first time after %s is %s, want %s", c.in, start.Format(time.RFC3339), got, c.next)
+		}
+	}
+	if a := loadOK(t, web+`recycle_at = ""`).Apps["web"]; a.RecycleAt != "" {
+		t.Errorf(`recycle_at = "" is off, got %q`, a.RecycleAt)
 	}
 }

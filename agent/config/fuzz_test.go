@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -89,4 +90,23 @@ func checkParsed(t *testing.T, data []byte, c *Config) {
 			}
 		}
 	}
+}
+
+// FuzzParseRecycleAt: any text gives a schedule or an error, never a
+// panic (the cron parser has index panics the wrapper must stop), and a
+// schedule it gives has a next time.
+func FuzzParseRecycleAt(f *testing.F) {
+	for _, s := range []string{"0 4 * * *", "*/15 * * * * *", "@daily", "CRON_TZ=UTC 0 4 * * 1-5", "TZ=UTC", "TZ= ",
+		"0 4 30 2 *", "1-5/0 * * * *", "@every 1h", "0 0 L * *", "? ? ? ? ?"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		sched, err := ParseRecycleAt(s)
+		switch {
+		case err != nil && sched != nil:
+			t.Fatal("schedule and error")
+		case err == nil && sched.Next(time.Now()).IsZero():
+			t.Fatalf("%q: a schedule with no next time", s)
+		}
+	})
 }

@@ -173,7 +173,11 @@ type App struct {
 	// RecycleAfter: each worker is replaced (a new one ready first) once it
 	// has run this long, plus up to a tenth more as jitter; 0 = off.
 	RecycleAfter time.Duration
-	Logs         Logs
+	// RecycleAt: a crontab schedule (ParseRecycleAt); at each of its
+	// times every worker started before it is replaced the same way,
+	// one at a time; "" = off.
+	RecycleAt string
+	Logs      Logs
 	// Health is the [apps.NAME.health] liveness check, nil when off.
 	Health *Health
 	// Node is the Node.js integration (a preload that maps listen(port),
