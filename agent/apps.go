@@ -278,6 +278,13 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
 		Health: healthPolicy(app.Health),
 	}
+	if app.RecycleAt != "" {
+		sched, err := config.ParseRecycleAt(app.RecycleAt) // checked when the config was read
+		if err != nil {
+			return nil, fmt.Errorf("app %s: recycle_at %q: %w", app.Name, app.RecycleAt, err)
+		}
+		spec.RecycleAt, spec.RecycleAtText = sched, app.RecycleAt
+	}
 	if spec.Balance() != handoff.BalanceShared && instances > 0 { // spares need steering (the registry logged a fallback)
 		spec.Instances, spec.Spares = instances+app.Spares, app.Spares
 	}

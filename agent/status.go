@@ -101,6 +101,7 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 	if w.Recycles {
 		in := w.RecycleIn.Seconds()
 		aw.RecycleInSeconds = &in
+		aw.RecycleBy = w.RecycleBy
 	}
 	return aw
 }

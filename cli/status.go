@@ -266,7 +266,8 @@ func watchHeader(w io.Writer, every time.Duration, first bool) {
 	}
 }
 
-// printRecycle says which worker recycle_after replaces next, and when.
+// printRecycle says which worker recycle_after or recycle_at replaces
+// next, and when.
 func printRecycle(out io.Writer, a api.App) {
 	var next *api.Worker
 	for i, w := range a.Workers {
@@ -275,7 +276,11 @@ func printRecycle(out io.Writer, a api.App) {
 		}
 	}
 	if next != nil {
-		fmt.Fprintf(out, "\n%s: recycle_after: worker %d (pid %d) is replaced next, in %s\n",
-			a.Name, next.Slot, next.PID, fmtDuration(*next.RecycleInSeconds))
+		by := next.RecycleBy
+		if by == "" { // an older agent's status
+			by = "recycle_after"
+		}
+		fmt.Fprintf(out, "\n%s: %s: worker %d (pid %d) is replaced next, in %s\n",
+			a.Name, by, next.Slot, next.PID, fmtDuration(*next.RecycleInSeconds))
 	}
 }

@@ -79,15 +79,21 @@ func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 			return overLimit{sl, w, "health", fmt.Sprintf("health: %d failed checks in a row, last: %s", run, last)}, true
 		}
 		// A held canary ends first: recycling waits (and never aborts it).
-		if st.hold == nil && recycleDue(spec.RecycleAfter, w, now) && (recycle.w == nil || w.Started.Before(recycle.w.Started)) {
-			recycle = overLimit{sl, w, "recycle", "recycle_after"}
+		if at, by := recycleAt(spec, w); st.hold == nil && !at.IsZero() && !now.Before(at) &&
+			(recycle.w == nil || w.Started.Before(recycle.w.Started)) {
+			recycle = overLimit{sl, w, "recycle", by}
 		}
 	}
 	if recycle.w != nil {
 		// The oldest due worker first: when recycles come faster than the
 		// pool is gone through, the first slots must not starve the others.
-		s.log.Info("worker ran recycle_after; replacing it", "worker", recycle.sl.index, "pid", recycle.w.PID,
-			"up", now.Sub(recycle.w.Started).Round(time.Second), "recycle_after", recycle.sl.spec.RecycleAfter)
+		spec := recycle.sl.spec
+		by := []any{"recycle_after", spec.RecycleAfter}
+		if recycle.detail == "recycle_at" {
+			by = []any{"recycle_at", spec.RecycleAtText}
+		}
+		s.log.Info("worker due for recycling; replacing it", append([]any{"worker", recycle.sl.index, "pid", recycle.w.PID,
+			"up", now.Sub(recycle.w.Started).Round(time.Second)}, by...)...)
 		return recycle, true
 	}
 	return overLimit{}, false
@@ -113,22 +119,37 @@ func (o *op) replace(c overLimit, spec *Spec) {
 		})
 }
 
-// recycleDue reports whether w has run its recycle_after plus its jitter:
-// up to a tenth of recycle_after more, drawn from its pid and start time,
-// so that workers started together are replaced one after the other (the
-// monitor runs one replacement at a time, a new worker ready first).
-func recycleDue(after time.Duration, w *Worker, now time.Time) bool {
-	at := recycleAt(after, w)
-	return !at.IsZero() && !now.Before(at)
-}
+// Schedule is a recycle_at schedule: Next is its first time after t
+// (zero: none).
+type Schedule interface{ Next(t time.Time) time.Time }
 
-// recycleAt is when w falls due for recycle_after; zero when it is off.
-func recycleAt(after time.Duration, w *Worker) time.Time {
-	if after <= 0 || w.Started.IsZero() {
-		return time.Time{}
+// recycleAt is when w falls due for recycling, and by which setting
+// ("recycle_after" or "recycle_at"); zero when neither applies. The
+// earlier of the two:
+//
+//   - recycle_after: it has run that long, plus up to a tenth more drawn
+//     from its pid and start time, so that workers started together are
+//     replaced one after the other;
+//   - recycle_at: the schedule's first time after it started, the same
+//     for a whole pool started before it (the monitor runs one
+//     replacement at a time, the oldest worker first, a new one ready
+//     first; a replacement starts after that time, so is not due again).
+func recycleAt(spec *Spec, w *Worker) (time.Time, string) {
+	if w.Started.IsZero() {
+		return time.Time{}, ""
 	}
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%d", w.PID, w.Started.UnixNano())
-	jitter := time.Duration(h.Sum64() % uint64(after/10+1))
-	return w.Started.Add(after + jitter)
+	var at time.Time
+	by := ""
+	if after := spec.RecycleAfter; after > 0 {
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%d/%d", w.PID, w.Started.UnixNano())
+		jitter := time.Duration(h.Sum64() % uint64(after/10+1))
+		at, by = w.Started.Add(after+jitter), "recycle_after"
+	}
+	if spec.RecycleAt != nil {
+		if next := spec.RecycleAt.Next(w.Started); !next.IsZero() && (at.IsZero() || next.Before(at)) {
+			at, by = next, "recycle_at"
+		}
+	}
+	return at, by
 }

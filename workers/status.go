@@ -31,6 +31,7 @@ type WorkerStatus struct {
 	// when due, or when recycle_after is off: see Recycles).
 	RecycleIn time.Duration
 	Recycles  bool
+	RecycleBy string // "recycle_after" or "recycle_at"
 	// Spare: the worker is ready but gets no connection until it takes
 	// the place of one that is not (Spec.Spares), or, a new worker of a
 	// steered pool, until its reload switches it in.
@@ -125,8 +126,8 @@ func (in *state) status(app string) AppStatus {
 			}
 			ws.SteeredConnections, ws.Steered = in.connections(sl)
 			if sl.spec != nil {
-				if at := recycleAt(sl.spec.RecycleAfter, sl.cur); !at.IsZero() {
-					ws.Recycles, ws.RecycleIn = true, max(at.Sub(now), 0)
+				if at, by := recycleAt(sl.spec, sl.cur); !at.IsZero() {
+					ws.Recycles, ws.RecycleIn, ws.RecycleBy = true, max(at.Sub(now), 0), by
 				}
 			}
 			st.Workers = append(st.Workers, ws)

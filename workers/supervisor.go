@@ -61,6 +61,11 @@ type Spec struct {
 	// RecycleAfter, when > 0, makes the supervisor replace each worker
 	// the same way once it has run that long plus its jitter (recycleDue).
 	RecycleAfter time.Duration
+	// RecycleAt, when set, makes the supervisor replace, the same way,
+	// each worker that a time of the schedule has passed since it started
+	// (recycle_at); RecycleAtText is the schedule as configured.
+	RecycleAt     Schedule
+	RecycleAtText string
 	// Health, when set, is the liveness check (health.go).
 	Health *HealthPolicy
 	// CPUAffinity pins worker slot i to usable CPU i mod n.

@@ -107,9 +107,12 @@ type Worker struct {
 	CPUPercent          float64 `json:"cpu_percent"`
 	RSSBytes            int64   `json:"rss_bytes"`
 	Status              string  `json:"status,omitempty"`
-	// RecycleInSeconds is how long until recycle_after replaces the
-	// worker (0 once due); absent when recycle_after is off.
+	// RecycleInSeconds is how long until recycle_after or recycle_at
+	// replaces the worker (0 once due); absent when both are off.
 	RecycleInSeconds *float64 `json:"recycle_in_seconds,omitempty"`
+	// RecycleBy is the setting that recycles it then: "recycle_after"
+	// or "recycle_at".
+	RecycleBy string `json:"recycle_by,omitempty"`
 	// Spare: ready, but given no connection until it takes the place of
 	// a worker that crashed (the app's spares), or, a new worker of a
 	// steered app, until its reload switches it in.
