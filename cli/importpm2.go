@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/deployd/deployd/workers/nodejs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,9 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/workers/nodejs"
 )
 
 func importCommand() *cli.Command {
@@ -136,6 +138,14 @@ func pm2App(app map[string]any, i int, envName, base string) (string, []string) 
 	}
 	if u := str(app["user"]); u != "" {
 		line("user", tomlString(u))
+	}
+	if c := str(app["cron_restart"]); c != "" {
+		if _, err := config.ParseRecycleAt(c); err == nil {
+			line("recycle_at", tomlString(c))
+		} else {
+			b.WriteString("# recycle_at = \"0 4 * * *\" # CHECK: PM2's cron_restart " + strconv.Quote(c) + " is not a schedule deployd reads\n")
+			notes = append(notes, fmt.Sprintf("%s: cron_restart %q: not a schedule deployd reads (%v): write recycle_at by hand", name, c, err))
+		}
 	}
 	if len(env) > 0 {
 		line("env", tomlTable(env))
@@ -284,7 +294,6 @@ var pm2Reasons = map[string]string{
 	"log_file":              "logs go to the agent's log_dir as NAME.out.log and NAME.err.log",
 	"merge_logs":            "every worker's lines go to one file per app and stream",
 	"log_date_format":       "the text log format has its own timestamps",
-	"cron_restart":          "not built in: run `deployd reload NAME` from cron or a systemd timer",
 	"watch":                 "not supported: run `deployd reload NAME` from your deploy step",
 	"ignore_watch":          "not supported (no watch)",
 	"autorestart":           "not supported: crashed workers are always restarted",
@@ -299,7 +308,7 @@ func pm2Unmapped(app map[string]any, name string) []string {
 		"interpreter_args": true, "cwd": true, "instances": true, "env": true, "wait_ready": true,
 		"listen_timeout": true, "kill_timeout": true, "max_memory_restart": true, "user": true,
 		"max_restarts": true, "restart_delay": true, "exp_backoff_restart_delay": true, "min_uptime": true,
-		"kill_signal": true}
+		"kill_signal": true, "cron_restart": true}
 	var out []string
 	keys := make([]string, 0, len(app))
 	for k := range app {

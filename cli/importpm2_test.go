@@ -39,7 +39,7 @@ func TestImportPM2WritesALoadableConfig(t *testing.T) {
 	for _, want := range []string{`command       = ["node", "app.js"]`, `listen        = ["tcp://0.0.0.0:3000"]`,
 		`ready         = "node-ipc"`, `ready_timeout = "10000ms"`, `stop_timeout  = "5000ms"`, `max_memory    = "300MiB"`,
 		"[apps.web.env_production]\n\"NODE_ENV\" = \"production\"", `environment   = "production"`, "max_restarts = 16", `stop_signal   = "SIGINT"`, "[apps.worker]", "instances     = 1",
-		"# listen: none needed: deployd binds the port the app's own listen(port) asks for"} {
+		`recycle_at    = "0 3 * * *"`, "# listen: none needed: deployd binds the port the app's own listen(port) asks for"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("output lacks %q:\n%s", want, body)
 		}
@@ -47,10 +47,8 @@ func TestImportPM2WritesALoadableConfig(t *testing.T) {
 	if strings.Contains(stderr.String(), "worker: listen:") {
 		t.Errorf("a node app without PORT is noted as unmapped; its listen is discovered:\n%s", stderr.String())
 	}
-	for _, want := range []string{"web: cron_restart: not built in"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("notes lack %q:\n%s", want, stderr.String())
-		}
+	if strings.Contains(stderr.String(), "cron_restart") {
+		t.Errorf("cron_restart is mapped to recycle_at, yet noted:\n%s", stderr.String())
 	}
 	full := filepath.Join(dir, "deployd.toml")
 	os.WriteFile(full, append([]byte("[agent]\nsocket = \"s.sock\"\nstate_dir = \"state\"\nlog_dir = \"logs\"\n\n"), body...), 0o644)
