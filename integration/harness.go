@@ -211,14 +211,17 @@ func (a *Agent) UseOwnBinary() {
 	CopyFile(a.t, a.bins.Deployd, a.Binary)
 }
 
-// CopyFile copies an executable file.
+// CopyFile copies an executable file. cp writes it, not this process:
+// a file this process had open for writing can be inherited, for the
+// moment between fork and exec, by a child another test starts, and
+// exec of the copy then fails with ETXTBSY ("text file busy", seen in
+// CI; golang/go#22315).
 func CopyFile(t testing.TB, src, dst string) {
 	t.Helper()
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
+	if out, err := exec.Command("cp", "--", src, dst).CombinedOutput(); err != nil {
+		t.Fatalf("cp %s %s: %v\n%s", src, dst, err, out)
 	}
-	if err := os.WriteFile(dst, b, 0o755); err != nil {
+	if err := os.Chmod(dst, 0o755); err != nil {
 		t.Fatal(err)
 	}
 }
