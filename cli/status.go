@@ -267,11 +267,16 @@ func watchHeader(w io.Writer, every time.Duration, first bool) {
 }
 
 // printRecycle says which worker recycle_after or recycle_at replaces
-// next, and when.
+// next, and when: of those due at the same time (recycle_at gives a pool
+// one), the oldest, as the agent takes them.
 func printRecycle(out io.Writer, a api.App) {
 	var next *api.Worker
 	for i, w := range a.Workers {
-		if w.RecycleInSeconds != nil && (next == nil || *w.RecycleInSeconds < *next.RecycleInSeconds) {
+		if w.RecycleInSeconds == nil {
+			continue
+		}
+		if next == nil || *w.RecycleInSeconds < *next.RecycleInSeconds ||
+			*w.RecycleInSeconds == *next.RecycleInSeconds && w.UptimeSeconds > next.UptimeSeconds {
 			next = &a.Workers[i]
 		}
 	}

@@ -27,7 +27,7 @@ func (s *Supervisor) tick(st *state) {
 	case "health":
 		what = fmt.Sprintf("health-check replacement of worker %d", c.sl.index)
 	case "recycle":
-		what = fmt.Sprintf("recycle_after replacement of worker %d", c.sl.index)
+		what = fmt.Sprintf("%s replacement of worker %d", c.detail, c.sl.index) // recycle_after or recycle_at
 	}
 	o := s.newOp(what, "the "+c.why+" monitor", nil)
 	st.op = o.info
@@ -50,7 +50,7 @@ type overLimit struct {
 
 // overLimit returns the first ready worker over max_memory, past its
 // watchdog, or with health.failures failed liveness checks in a row; else
-// the oldest worker past its recycle_after. Run by the loop.
+// the oldest worker due for recycling (recycle_after, recycle_at). Run by the loop.
 func (s *Supervisor) overLimit(st *state) (overLimit, bool) {
 	now := time.Now()
 	var recycle overLimit
@@ -135,7 +135,7 @@ type Schedule interface{ Next(t time.Time) time.Time }
 //     replacement at a time, the oldest worker first, a new one ready
 //     first; a replacement starts after that time, so is not due again).
 func recycleAt(spec *Spec, w *Worker) (time.Time, string) {
-	if w.Started.IsZero() {
+	if w.Started.IsZero() { // not known: never due (a zero start would be due at once)
 		return time.Time{}, ""
 	}
 	var at time.Time
@@ -147,7 +147,9 @@ func recycleAt(spec *Spec, w *Worker) (time.Time, string) {
 		at, by = w.Started.Add(after+jitter), "recycle_after"
 	}
 	if spec.RecycleAt != nil {
-		if next := spec.RecycleAt.Next(w.Started); !next.IsZero() && (at.IsZero() || next.Before(at)) {
+		// In the agent's zone (a schedule without CRON_TZ= is read in the
+		// zone of the time given), whatever zone an adopted start came in.
+		if next := spec.RecycleAt.Next(w.Started.In(time.Local)); !next.IsZero() && (at.IsZero() || next.Before(at)) {
 			at, by = next, "recycle_at"
 		}
 	}

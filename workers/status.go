@@ -27,8 +27,8 @@ type WorkerStatus struct {
 	CPUPercent float64
 	RSSBytes   int64
 	Status     string // last sd_notify STATUS=
-	// RecycleIn is how long until recycle_after replaces the worker (0
-	// when due, or when recycle_after is off: see Recycles).
+	// RecycleIn is how long until recycle_after or recycle_at replaces
+	// the worker (0 when due, or when both are off: see Recycles).
 	RecycleIn time.Duration
 	Recycles  bool
 	RecycleBy string // "recycle_after" or "recycle_at"

@@ -87,10 +87,13 @@ func TestErrors(t *testing.T) {
 		{"recycle_at fields", web + `recycle_at = "0 4 * *"`, 3, `apps.web.recycle_at = "0 4 * *"`, `not a schedule: expected 5 to 6 fields, found 4: [0 4 * *]; write crontab's five fields (minute hour day month weekday), e.g. "0 4 * * *"`},
 		{"recycle_at range", web + `recycle_at = "0 25 * * *"`, 3, `apps.web.recycle_at`, `not a schedule: end of range (25) above maximum (23)`},
 		{"recycle_at zone alone", web + `recycle_at = "TZ=UTC"`, 3, `apps.web.recycle_at = "TZ=UTC"`, "not a schedule: a time zone without a schedule after it"},
-		{"recycle_at zone unknown", web + `recycle_at = "CRON_TZ=Mars/Olympus 0 4 * * *"`, 3, `apps.web.recycle_at`, "not a schedule: provided bad location Mars/Olympus"},
+		{"recycle_at zone unknown", web + `recycle_at = "CRON_TZ=Mars/Olympus 0 4 * * *"`, 3, `apps.web.recycle_at`, `not a schedule: unknown time zone "Mars/Olympus" (zones come from this host's tz database`},
 		{"recycle_at never", web + `recycle_at = "0 4 30 2 *"`, 3, `apps.web.recycle_at`, "not a schedule: never comes"},
 		{"recycle_at every", web + `recycle_at = "@every 1h"`, 3, `apps.web.recycle_at`, "@every is an interval, not a time of day; write crontab's five fields"},
 		{"recycle_at type", web + `recycle_at = 4`, 3, `apps.web.recycle_at = 4`, "want a string"},
+		{"recycle_at every after a zone", web + `recycle_at = "CRON_TZ=UTC @every 1s"`, 3, `apps.web.recycle_at`, "@every is an interval, not a time of day"},
+		{"recycle_at every second", web + `recycle_at = "* * * * * *"`, 3, `apps.web.recycle_at`, "not a schedule: its times come 1s apart, less than 10s: the pool would never stop being replaced"},
+		{"recycle_at empty zone", web + `recycle_at = "CRON_TZ= 0 4 * * *"`, 3, `apps.web.recycle_at`, "not a schedule: CRON_TZ= names no time zone"},
 		{"type array", "[apps.web]\ncommand = \"./server\"", 2, "apps.web.command", `want an array of strings; write it like command = ["./server", "-v"]`},
 		{"type array elem", "[apps.web]\ncommand = [\"./server\", 1]", 2, "apps.web.command", "want an array of strings"},
 		{"type env", web + "env = 5", 3, "apps.web.env = 5", `want a table; write it like env = { MODE = "prod" }`},
@@ -468,7 +471,8 @@ func TestRecycleAt(t *testing.T) {
 		{"  30 3 * * MON ", "2026-12-07T03:30:00Z"}, // 2026-12-03 is a Thursday
 		{"*/15 * * * * *", "2026-12-03T01:30:15Z"},  // seconds first, as PM2's cron_restart
 		{"@daily", "2026-12-04T00:00:00Z"},
-		{"CRON_TZ=Europe/Berlin 0 4 * * *", "2026-12-03T03:00:00Z"}, // 04:00 in Berlin (UTC+1), 02:30 there at the start
+		{"CRON_TZ=Europe/Berlin 0 4 * * *", "2026-12-03T03:00:00Z"},
+		{"TZ=UTC\t0 4 * * *", "2026-12-03T04:00:00Z"}, // a tab after the zone // 04:00 in Berlin (UTC+1), 02:30 there at the start
 	} {
 		a := loadOK(t, web+fmt.Sprintf("recycle_at = %q\n", c.in)).Apps["web"]
 		if a.RecycleAt != strings.TrimSpace(c.in) {
