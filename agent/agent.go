@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"syscall"
 	"time"
 
@@ -101,6 +102,11 @@ type Agent struct {
 	newEdge      func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
 
 	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
+	parent        int    // a new agent's parent, the previous agent (loop)
+	// orphaned: the previous agent died during the handoff and this one
+	// exits for systemd's next agent, which adopts the workers from this
+	// one's record: teardown keeps it (handoffLost).
+	orphaned bool
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -131,6 +137,9 @@ func Run(opts Options) error {
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
+	if upg.HasParent() {
+		a.parent = os.Getppid()
+	}
 	a.marker = agentMarker(cfg.Agent.StateDir)
 	socks := a.activation()
 	if !upg.HasParent() {
@@ -264,7 +273,9 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		a.upg.Stop()
 	}
 	a.retiring.Wait()
-	a.removeRecord() // every worker is stopped, or recorded by the next agent
+	if !a.orphaned {
+		a.removeRecord() // every worker is stopped, or recorded by the next agent
+	}
 }
 
 // load loads the config and resolves the agent's own binary once: it is
@@ -314,17 +325,23 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 	a.retiring.Go(a.retireLater)
 	a.retiring.Go(a.stopLeftovers)
+	hold, beforeSystemd := handoffHold()
+	if hold > 0 && a.upg.HasParent() && beforeSystemd {
+		a.log.Warn("holding the handoff before telling systemd (a test's failpoint)", "env", envHandoffHold, "for", hold)
+		time.Sleep(hold)
+	}
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
-	if d := handoffHold(); d > 0 && a.upg.HasParent() {
-		a.log.Warn("holding the handoff before telling the previous agent (a test's failpoint)", "env", envHandoffHold, "for", d)
-		time.Sleep(d)
+	if hold > 0 && a.upg.HasParent() && !beforeSystemd {
+		a.log.Warn("holding the handoff before telling the previous agent (a test's failpoint)", "env", envHandoffHold, "for", hold)
+		time.Sleep(hold)
 	}
 	if err := a.upg.Ready(); err != nil {
-		a.log.Error("tell the previous agent we are ready", "error", err)
-	} else {
-		a.quiet.Store(false)
+		if err := a.handoffLost(err); err != nil {
+			return err
+		}
 	}
+	a.quiet.Store(false)
 	close(a.ready)
 	if onReady != nil {
 		onReady(a)
@@ -347,6 +364,37 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		case <-stop:
 			return nil
 		}
+	}
+}
+
+// handoffLost decides what a new agent does when it could not tell the
+// previous agent it is ready (err). nil: it serves on. An error: it
+// exits, leaving every worker running (quiet), for the agent that is
+// to serve them:
+//   - the previous agent still runs (it gave up the upgrade): that one;
+//   - it died (SIGKILL mid-handoff) and systemd supervises the agent: the
+//     next one systemd starts (Restart=), which adopts the workers from the
+//     record written above. systemd may have seen the previous agent die
+//     before it read this one's MAINPID, and then it restarts the service
+//     whatever this agent does; an agent serving on would hold the control
+//     socket, and each restart would fail until systemd gave up, leaving
+//     an agent it does not know (seen in a CI run). Exiting non-zero
+//     restarts the service in the other case too;
+//   - it died, and nothing would start another: this one.
+func (a *Agent) handoffLost(err error) error {
+	switch {
+	case os.Getppid() == a.parent:
+		a.log.Error("the previous agent did not take the handoff; giving up so that it keeps serving", "error", err)
+		return fmt.Errorf("upgrade abandoned: %w", err)
+	case os.Getenv(handoff.EnvNotifySocket) != "":
+		a.log.Error("the previous agent died during the handoff; exiting, the workers left running, "+
+			"so that systemd starts the next agent, which adopts them", "error", err)
+		notify("STATUS=the previous agent died during the handoff; exiting for systemd to start the next agent")
+		a.orphaned = true
+		return fmt.Errorf("upgrade interrupted: the previous agent died during the handoff: %w", err)
+	default:
+		a.log.Warn("the previous agent died during the handoff; this agent serves on", "error", err)
+		return nil
 	}
 }
 
@@ -438,12 +486,17 @@ func (a *Agent) Settings() config.Agent { return a.settings }
 // previous one waits this long (a Go duration, at most 30 s) between being
 // ready and telling the previous agent, so that a test can SIGKILL either
 // agent in the middle of a handoff that otherwise takes milliseconds.
+// "before:D" waits before telling systemd its pid instead (the previous
+// agent is then still systemd's main pid).
 const envHandoffHold = "DEPLOYD_TEST_HANDOFF_HOLD"
 
-func handoffHold() time.Duration {
-	d, err := time.ParseDuration(os.Getenv(envHandoffHold))
+// handoffHold reads envHandoffHold: how long to hold, and whether before
+// telling systemd.
+func handoffHold() (d time.Duration, beforeSystemd bool) {
+	v, beforeSystemd := strings.CutPrefix(os.Getenv(envHandoffHold), "before:")
+	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		return 0
+		return 0, false
 	}
-	return min(d, 30*time.Second)
+	return min(d, 30*time.Second), beforeSystemd
 }

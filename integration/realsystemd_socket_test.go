@@ -33,11 +33,17 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 	}
 	// A handoff takes milliseconds on a quiet machine: the failpoint keeps
 	// both agents alive for 3 s, so that the kills below land during one.
-	if out, err := sd.run("sh", "-c", "mkdir -p /etc/systemd/system/deployd.service.d && "+
-		"printf '[Service]\\nEnvironment=DEPLOYD_TEST_HANDOFF_HOLD=3s\\n' > /etc/systemd/system/deployd.service.d/hold.conf"); err != nil {
-		t.Fatalf("write the unit's drop-in: %v\n%s", err, out)
+	// The test kills agents faster than systemd's default start limit (5
+	// starts in 10 s) allows restarts: no limit here.
+	hold := func(d string) {
+		t.Helper()
+		if out, err := sd.run("sh", "-c", "mkdir -p /etc/systemd/system/deployd.service.d && "+
+			"printf '[Unit]\\nStartLimitIntervalSec=0\\n[Service]\\nEnvironment=DEPLOYD_TEST_HANDOFF_HOLD="+d+"\\n' > /etc/systemd/system/deployd.service.d/hold.conf"); err != nil {
+			t.Fatalf("write the unit's drop-in: %v\n%s", err, out)
+		}
+		sd.mustCtl("daemon-reload")
 	}
-	sd.mustCtl("daemon-reload")
+	hold("3s")
 	sd.mustCtl("start", "deployd")
 	st := a.WaitFor("ready under systemd", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", n) })
 	if out, _ := sd.ctl("is-active", "deployd-web.socket"); strings.TrimSpace(out) != "active" {
@@ -70,13 +76,24 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 			i, old, st.Agent.PID, time.Since(t0).Round(time.Millisecond))
 	}
 	// systemctl reload hands off to a new agent; SIGKILL the new one while
-	// it takes over, then, in the next reload, the old one.
-	for _, victim := range []string{"new", "old"} {
+	// it takes over, then, in the next reload, the old one; then the old one
+	// again, before the new one told systemd its pid (systemd sees its main
+	// pid die and starts another agent: the new one must leave it the
+	// control socket and the workers). The new agent inherits the old one's
+	// environment: the agent that Restart= starts after "old" is the first
+	// with the drop-in's "before:".
+	for _, victim := range []string{"new", "old", "old, before systemd knew the new one"} {
+		if victim == "old" {
+			hold("before:2s")
+		}
 		old := sd.mainPID("deployd")
 		hp := sd.hostPID(old)
 		sd.mustCtl("reload", "deployd")
 		child := waitChild(t, hp, 20*time.Second)
-		pid := map[string]int{"new": child, "old": hp}[victim]
+		pid := child
+		if victim != "new" {
+			pid = hp
+		}
 		t0 := time.Now()
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -93,6 +110,9 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 					sd.mainPID("deployd") == old
 			})
 		} else {
+			// The new agent exits (whether or not systemd took its pid, it
+			// cannot know), leaving the workers to the agent systemd starts.
+			waitExited(t, child, 30*time.Second)
 			st = sd.nextAgent(a, old, n)
 		}
 		if got := PIDs(appOf(st, "web")); !maps.Equal(got, pids) {
@@ -103,7 +123,7 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 			victim, st.Agent.PID, sd.mainPID("deployd"), time.Since(t0).Round(time.Millisecond))
 	}
 	ka, nka := stop()
-	requireNoFailures(t, fmt.Sprintf("%d SIGKILLs of the main pid and 2 during systemctl reload, with a socket unit", kills), ka, nka)
+	requireNoFailures(t, fmt.Sprintf("%d SIGKILLs of the main pid and 3 during systemctl reload, with a socket unit", kills), ka, nka)
 
 	stop = startLoad(t, port, 8, time.Minute)
 	t1 := time.Now()
