@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,7 +59,7 @@ func (u *Unit) member(pid int, marker []byte) bool {
 		if u.id == "" {
 			return false // a record without a marker (Reopen): its group alone
 		}
-		env, err := readEnviron(pid)
+		env, err := readEnvironWithin(pid, environTimeout)
 		if err != nil || !slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool {
 			return bytes.Equal(kv, marker)
 		}) {
@@ -194,6 +195,47 @@ func exited(pid int) bool {
 
 // maxEnviron bounds the read of a process's environment.
 const maxEnviron = 1 << 20
+
+// environTimeout bounds the wait for one process's environment: the
+// kernel reads it from the process's memory under its mmap lock, which a
+// process stuck in the kernel (a page fault on a hung NFS mount) can hold
+// for as long as it is stuck. Such a process is not counted as the unit's
+// (a member stuck so is also past a kill until it wakes).
+const environTimeout = time.Second
+
+// hung are the pids whose environment read has not returned: a sweep
+// skips them rather than start another read that would hang too, so that
+// a stuck process costs one goroutine, not one per sweep.
+var hung sync.Map
+
+// readEnv reads a process's environment (readEnviron; a test's stand-in).
+var readEnv = readEnviron
+
+// readEnvironWithin is readEnv, given up after d.
+func readEnvironWithin(pid int, d time.Duration) ([]byte, error) {
+	if _, ok := hung.Load(pid); ok {
+		return nil, fmt.Errorf("procunit: the environment of %d: an earlier read still hangs", pid)
+	}
+	type result struct {
+		env []byte
+		err error
+	}
+	done := make(chan result, 1)
+	hung.Store(pid, struct{}{})
+	go func() {
+		env, err := readEnv(pid)
+		hung.Delete(pid)
+		done <- result{env, err}
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case r := <-done:
+		return r.env, r.err
+	case <-t.C:
+		return nil, fmt.Errorf("procunit: the environment of %d: no answer in %v", pid, d)
+	}
+}
 
 // readEnviron reads pid's environment, at most maxEnviron bytes, into a
 // buffer that grows with it: most are a few KiB, and a sweep reads many.

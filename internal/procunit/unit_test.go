@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -155,5 +157,85 @@ func TestCleanCommandLeavesNothing(t *testing.T) {
 		if err != nil || len(left) != 0 {
 			t.Errorf("sweep=%v: left %v, %v; want nothing", sweep, left, err)
 		}
+	}
+}
+
+// A process whose environment cannot be read (its memory's lock held by a
+// stuck kernel call) does not hold up a sweep: the read is given up after
+// its bound, the unit's members are still found, and the next sweep does
+// not wait on that process again.
+func TestSweepDoesNotWaitOnAHungEnvironment(t *testing.T) {
+	release := make(chan struct{})
+	blocked := os.Getppid() // any live process outside the unit
+	defer func() {
+		// The hung read returns: the process is read again by later sweeps
+		// (and by a next run of this test).
+		close(release)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if _, ok := hung.Load(blocked); !ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the released read of %d's environment did not return", blocked)
+			}
+		}
+	}()
+	var blockedReads atomic.Int32
+	readEnv = func(pid int) ([]byte, error) {
+		if pid == blocked {
+			blockedReads.Add(1)
+			<-release
+		}
+		return readEnviron(pid)
+	}
+	defer func() { readEnv = readEnviron }()
+	noCgroup = true
+	defer func() { noCgroup = false }()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd, u, err := Start("test", func() *exec.Cmd {
+		c := exec.Command(os.Args[0])
+		c.Env = append(os.Environ(), helperEnv+"=daemon")
+		c.Stdout = w
+		return c
+	})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil {
+		t.Fatalf("daemon's pid: %v", err)
+	}
+	daemon, _ := strconv.Atoi(strings.TrimSpace(line))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	for i := range 2 {
+		found := make(chan []int, 1)
+		go func() { found <- u.sweep() }()
+		select {
+		case pids := <-found:
+			if !slices.Contains(pids, daemon) {
+				t.Fatalf("sweep %d: %v, want the daemon %d", i+1, pids, daemon)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("sweep %d still waits 30s on a process whose environment read hangs", i+1)
+		}
+	}
+	// The second sweep skipped the process whose read still hangs.
+	if n := blockedReads.Load(); n != 1 {
+		t.Errorf("%d reads of the hung process's environment in 2 sweeps, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := u.End(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(daemon) {
+		t.Errorf("the daemon %d still runs after End", daemon)
 	}
 }
