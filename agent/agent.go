@@ -17,7 +17,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -326,17 +325,10 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 	a.retiring.Go(a.retireLater)
 	a.retiring.Go(a.stopLeftovers)
-	hold, beforeSystemd := handoffHold()
-	if hold > 0 && a.upg.HasParent() && beforeSystemd {
-		a.log.Warn("holding the handoff before telling systemd (a test's failpoint)", "env", envHandoffHold, "for", hold)
-		time.Sleep(hold)
-	}
+	a.holdHandoff(true)
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
-	if hold > 0 && a.upg.HasParent() && !beforeSystemd {
-		a.log.Warn("holding the handoff before telling the previous agent (a test's failpoint)", "env", envHandoffHold, "for", hold)
-		time.Sleep(hold)
-	}
+	a.holdHandoff(false)
 	if err := a.upg.Ready(); err != nil {
 		if err := a.handoffLost(err); err != nil {
 			return err
@@ -369,37 +361,6 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		case <-stop:
 			return nil
 		}
-	}
-}
-
-// handoffLost decides what a new agent does when it could not tell the
-// previous agent it is ready (err). nil: it serves on. An error: it
-// exits, leaving every worker running (quiet), for the agent that is
-// to serve them:
-//   - the previous agent still runs (it gave up the upgrade): that one;
-//   - it died (SIGKILL mid-handoff) and systemd supervises the agent: the
-//     next one systemd starts (Restart=), which adopts the workers from the
-//     record written above. systemd may have seen the previous agent die
-//     before it read this one's MAINPID, and then it restarts the service
-//     whatever this agent does; an agent serving on would hold the control
-//     socket, and each restart would fail until systemd gave up, leaving
-//     an agent it does not know (seen in a CI run). Exiting non-zero
-//     restarts the service in the other case too;
-//   - it died, and nothing would start another: this one.
-func (a *Agent) handoffLost(err error) error {
-	switch {
-	case os.Getppid() == a.parent:
-		a.log.Error("the previous agent did not take the handoff; giving up so that it keeps serving", "error", err)
-		return fmt.Errorf("upgrade abandoned: %w", err)
-	case os.Getenv(handoff.EnvNotifySocket) != "":
-		a.log.Error("the previous agent died during the handoff; exiting, the workers left running, "+
-			"so that systemd starts the next agent, which adopts them", "error", err)
-		notify("STATUS=the previous agent died during the handoff; exiting for systemd to start the next agent")
-		a.orphaned = true
-		return fmt.Errorf("upgrade interrupted: the previous agent died during the handoff: %w", err)
-	default:
-		a.log.Warn("the previous agent died during the handoff; this agent serves on", "error", err)
-		return nil
 	}
 }
 
@@ -486,22 +447,3 @@ func (a *Agent) Socket() string { return a.socket }
 
 // Settings are the [agent] settings the agent started with.
 func (a *Agent) Settings() config.Agent { return a.settings }
-
-// envHandoffHold is a failpoint for tests: a new agent taking over from a
-// previous one waits this long (a Go duration, at most 30 s) between being
-// ready and telling the previous agent, so that a test can SIGKILL either
-// agent in the middle of a handoff that otherwise takes milliseconds.
-// "before:D" waits before telling systemd its pid instead (the previous
-// agent is then still systemd's main pid).
-const envHandoffHold = "DEPLOYD_TEST_HANDOFF_HOLD"
-
-// handoffHold reads envHandoffHold: how long to hold, and whether before
-// telling systemd.
-func handoffHold() (d time.Duration, beforeSystemd bool) {
-	v, beforeSystemd := strings.CutPrefix(os.Getenv(envHandoffHold), "before:")
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, false
-	}
-	return min(d, 30*time.Second), beforeSystemd
-}

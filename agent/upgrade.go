@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/boundedfile"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/release/selfupdate"
@@ -236,4 +238,67 @@ func (a *Agent) upgradeAsync() {
 	if _, err := a.upgrade(context.Background(), nil, selfupdate.Check{}, false); err != nil {
 		a.log.Error("SIGHUP: upgrade refused or failed; this agent keeps serving", "error", err)
 	}
+}
+
+// handoffLost decides what a new agent does when it could not tell the
+// previous agent it is ready (err). nil: it serves on. An error: it
+// exits, leaving every worker running (quiet), for the agent that is
+// to serve them:
+//   - the previous agent still runs (it gave up the upgrade): that one;
+//   - it died (SIGKILL mid-handoff) and systemd supervises the agent: the
+//     next one systemd starts (Restart=), which adopts the workers from the
+//     record loop wrote once ready. systemd may have seen the previous agent die
+//     before it read this one's MAINPID, and then it restarts the service
+//     whatever this agent does; an agent serving on would hold the control
+//     socket, and each restart would fail until systemd gave up, leaving
+//     an agent it does not know (seen in a CI run). Exiting non-zero
+//     restarts the service in the other case too;
+//   - it died, and nothing would start another: this one.
+func (a *Agent) handoffLost(err error) error {
+	switch {
+	case os.Getppid() == a.parent:
+		a.log.Error("the previous agent did not take the handoff; giving up so that it keeps serving", "error", err)
+		return fmt.Errorf("upgrade abandoned: %w", err)
+	case os.Getenv(handoff.EnvNotifySocket) != "":
+		a.log.Error("the previous agent died during the handoff; exiting, the workers left running, "+
+			"so that systemd starts the next agent, which adopts them", "error", err)
+		notify("STATUS=the previous agent died during the handoff; exiting for systemd to start the next agent")
+		a.orphaned = true
+		return fmt.Errorf("upgrade interrupted: the previous agent died during the handoff: %w", err)
+	default:
+		a.log.Warn("the previous agent died during the handoff; this agent serves on", "error", err)
+		return nil
+	}
+}
+
+// envHandoffHold is a failpoint for tests: a new agent taking over from a
+// previous one waits this long (a Go duration, at most 30 s) between being
+// ready and telling the previous agent, so that a test can SIGKILL either
+// agent in the middle of a handoff that otherwise takes milliseconds.
+// "before:D" waits before telling systemd its pid instead (the previous
+// agent is then still systemd's main pid).
+const envHandoffHold = "DEPLOYD_TEST_HANDOFF_HOLD"
+
+// handoffHold reads envHandoffHold: how long to hold, and whether before
+// telling systemd.
+func handoffHold() (d time.Duration, beforeSystemd bool) {
+	v, beforeSystemd := strings.CutPrefix(os.Getenv(envHandoffHold), "before:")
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, false
+	}
+	return min(d, 30*time.Second), beforeSystemd
+}
+
+// holdHandoff holds a new agent for envHandoffHold at the point it names:
+// before telling systemd its pid (beforeSystemd), or after, before telling
+// the previous agent.
+func (a *Agent) holdHandoff(beforeSystemd bool) {
+	d, before := handoffHold()
+	if d <= 0 || !a.upg.HasParent() || before != beforeSystemd {
+		return
+	}
+	what := map[bool]string{true: "systemd", false: "the previous agent"}[before]
+	a.log.Warn("holding the handoff before telling "+what+" (a test's failpoint)", "env", envHandoffHold, "for", d)
+	time.Sleep(d)
 }
