@@ -27,53 +27,7 @@ func TestRecycleAfterReplacesEveryWorkerUnderLoad(t *testing.T) {
 	if r := a.CLI("status"); !strings.Contains(r.Stdout, "recycle_after: worker") {
 		t.Errorf("status does not say which worker is recycled next:\n%s", r.Stdout)
 	}
-	stop := startLoad(t, port, 20, 2*time.Minute)
-
-	original := PIDs(appOf(st, "web"))
-	pidsOf := map[int]map[int]bool{} // slot -> every pid it had
-	for slot, pid := range original {
-		pidsOf[slot] = map[int]bool{pid: true}
-	}
-	minReady, maxWorkers := instances, 0
-	deadline := time.Now().Add(45 * time.Second)
-	for {
-		app := appOf(a.Status(), "web")
-		ready := 0
-		for _, w := range app.Workers {
-			if w.State == "ready" {
-				ready++
-			}
-			if pidsOf[w.Slot] == nil {
-				pidsOf[w.Slot] = map[int]bool{}
-			}
-			pidsOf[w.Slot][w.PID] = true
-		}
-		minReady, maxWorkers = min(minReady, ready), max(maxWorkers, len(app.Workers))
-		done := len(pidsOf) == instances
-		for _, pids := range pidsOf {
-			done = done && len(pids) >= 3 // the original, then two recycles
-		}
-		if done {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 45s the slots had pids %v, want 3 each (the original and two recycles)\n%s", pidsOf, a.Log())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	ka, nka := stop()
-	requireNoFailures(t, "keep-alive clients", ka)
-	requireNoFailures(t, "new-connection clients", nka)
-	t.Logf("pids by slot %v; fewest ready %d, most workers %d", pidsOf, minReady, maxWorkers)
-	if minReady < instances {
-		t.Errorf("%d ready workers at one point, want never fewer than %d", minReady, instances)
-	}
-	if maxWorkers > instances+1 {
-		t.Errorf("%d workers at once, want at most %d: recycles must run one at a time", maxWorkers, instances+1)
-	}
-	if app := a.App("web"); app.Restarts != 0 {
-		t.Errorf("%d restarts: a recycle is a replacement, not a crash", app.Restarts)
-	}
+	recycledUnderLoad(t, a, st, port, instances, 3) // the original, then two recycles
 }
 
 // TestRecycleAtRollsThePoolUnderLoad: with recycle_at = "*/10 * * * * *"
@@ -102,12 +56,22 @@ func TestRecycleAtRollsThePoolUnderLoad(t *testing.T) {
 	if r := a.CLI("status"); !strings.Contains(r.Stdout, "recycle_at: worker") {
 		t.Errorf("status does not say which worker is recycled next, and by which setting:\n%s", r.Stdout)
 	}
-	stop := startLoad(t, port, 20, 2*time.Minute)
+	recycledUnderLoad(t, a, st, port, instances, 2) // the original, then its recycle
+	if !strings.Contains(a.Log(), `recycle_at="*/10 * * * * *"`) {
+		t.Errorf("the agent log does not say recycle_at replaced the workers:\n%s", a.Log())
+	}
+}
 
+// recycledUnderLoad runs both loads on port until every slot of web (from
+// status st on) had pids workers, all of instances ready again, then
+// checks: no failed request, never fewer ready workers than instances,
+// never more than one extra, and no restart (a recycle is a replacement).
+func recycledUnderLoad(t *testing.T, a *Agent, st *api.Status, port, instances, pids int) {
+	t.Helper()
+	stop := startLoad(t, port, 20, 2*time.Minute)
 	started := time.Now()
-	original := PIDs(appOf(st, "web"))
 	pidsOf := map[int]map[int]bool{} // slot -> every pid it had
-	for slot, pid := range original {
+	for slot, pid := range PIDs(appOf(st, "web")) {
 		pidsOf[slot] = map[int]bool{pid: true}
 	}
 	minReady, maxWorkers := instances, 0
@@ -125,15 +89,15 @@ func TestRecycleAtRollsThePoolUnderLoad(t *testing.T) {
 			pidsOf[w.Slot][w.PID] = true
 		}
 		minReady, maxWorkers = min(minReady, ready), max(maxWorkers, len(app.Workers))
-		done := len(pidsOf) == instances
-		for _, pids := range pidsOf {
-			done = done && len(pids) >= 2 // the original, then its recycle
+		done := len(pidsOf) == instances && ready == instances
+		for _, ps := range pidsOf {
+			done = done && len(ps) >= pids
 		}
-		if done && ready == instances {
+		if done {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 45s the slots had pids %v, want a new one each\n%s", pidsOf, a.Log())
+			t.Fatalf("after 45s the slots had pids %v, want %d each\n%s", pidsOf, pids, a.Log())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -149,8 +113,5 @@ func TestRecycleAtRollsThePoolUnderLoad(t *testing.T) {
 	}
 	if app := a.App("web"); app.Restarts != 0 {
 		t.Errorf("%d restarts: a recycle is a replacement, not a crash", app.Restarts)
-	}
-	if !strings.Contains(a.Log(), `recycle_at="*/10 * * * * *"`) {
-		t.Errorf("the agent log does not say recycle_at replaced the workers:\n%s", a.Log())
 	}
 }
