@@ -62,6 +62,39 @@ func modes(t *testing.T) []bool {
 	return []bool{false, true}
 }
 
+// startDaemon runs the helper that leaves a daemon behind (in a session of
+// its own, keeping the helper's stdout) in a unit, and waits for the
+// helper's end: the unit, the daemon's pid, and the output pipe, from the
+// daemon's pid line on (closed at cleanup).
+func startDaemon(t *testing.T) (*Unit, int, *bufio.Reader) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	cmd, u, err := Start("test", func() *exec.Cmd {
+		c := exec.Command(os.Args[0])
+		c.Env = append(os.Environ(), helperEnv+"=daemon")
+		c.Stdout = w
+		return c
+	})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(r)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("daemon's pid: %v", err)
+	}
+	daemon, _ := strconv.Atoi(strings.TrimSpace(line))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	return u, daemon, br
+}
+
 // A daemon that left the command's session and kept its stdout is listed
 // when the command ends, and killed: the output pipe closes.
 func TestDaemonLeftBehindIsKilled(t *testing.T) {
@@ -69,32 +102,9 @@ func TestDaemonLeftBehindIsKilled(t *testing.T) {
 		t.Run(fmt.Sprintf("sweep=%v", sweep), func(t *testing.T) {
 			noCgroup = sweep
 			defer func() { noCgroup = false }()
-			r, w, err := os.Pipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
-			cmd, u, err := Start("test", func() *exec.Cmd {
-				c := exec.Command(os.Args[0])
-				c.Env = append(os.Environ(), helperEnv+"=daemon")
-				c.Stdout = w
-				return c
-			})
-			w.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
+			u, daemon, br := startDaemon(t)
 			if want := map[bool]Mode{true: ModeSweep, false: ModeCgroup}[sweep]; u.Mode() != want {
 				t.Fatalf("mode %q, want %q", u.Mode(), want)
-			}
-			br := bufio.NewReader(r)
-			line, err := br.ReadString('\n')
-			if err != nil {
-				t.Fatalf("daemon's pid: %v", err)
-			}
-			daemon, _ := strconv.Atoi(strings.TrimSpace(line))
-			if err := cmd.Wait(); err != nil {
-				t.Fatalf("helper: %v", err)
 			}
 			if gone(daemon) {
 				t.Fatalf("the daemon %d is not running", daemon)
@@ -191,29 +201,7 @@ func TestSweepDoesNotWaitOnAHungEnvironment(t *testing.T) {
 	defer func() { readEnv = readEnviron }()
 	noCgroup = true
 	defer func() { noCgroup = false }()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	cmd, u, err := Start("test", func() *exec.Cmd {
-		c := exec.Command(os.Args[0])
-		c.Env = append(os.Environ(), helperEnv+"=daemon")
-		c.Stdout = w
-		return c
-	})
-	w.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(r).ReadString('\n')
-	if err != nil {
-		t.Fatalf("daemon's pid: %v", err)
-	}
-	daemon, _ := strconv.Atoi(strings.TrimSpace(line))
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("helper: %v", err)
-	}
+	u, daemon, _ := startDaemon(t)
 	for i := range 2 {
 		found := make(chan []int, 1)
 		go func() { found <- u.sweep() }()
