@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/integration/loadgen"
 )
 
 // TestRecycleAfterReplacesEveryWorkerUnderLoad: with recycle_after = "3s"
@@ -27,7 +28,9 @@ func TestRecycleAfterReplacesEveryWorkerUnderLoad(t *testing.T) {
 	if r := a.CLI("status"); !strings.Contains(r.Stdout, "recycle_after: worker") {
 		t.Errorf("status does not say which worker is recycled next:\n%s", r.Stdout)
 	}
-	recycledUnderLoad(t, a, st, port, instances, 3) // the original, then two recycles
+	recycledUnderLoad(t, a, st, instances, 3, func() func() (loadgen.Result, loadgen.Result) { // the original, then two recycles
+		return startLoad(t, port, 20, 2*time.Minute)
+	})
 }
 
 // TestRecycleAtRollsThePoolUnderLoad: with recycle_at = "*/10 * * * * *"
@@ -56,19 +59,37 @@ func TestRecycleAtRollsThePoolUnderLoad(t *testing.T) {
 	if r := a.CLI("status"); !strings.Contains(r.Stdout, "recycle_at: worker") {
 		t.Errorf("status does not say which worker is recycled next, and by which setting:\n%s", r.Stdout)
 	}
-	recycledUnderLoad(t, a, st, port, instances, 2) // the original, then its recycle
+	recycledUnderLoad(t, a, st, instances, 2, func() func() (loadgen.Result, loadgen.Result) { // the original, then its recycle
+		return startLoad(t, port, 20, 2*time.Minute)
+	})
 	if !strings.Contains(a.Log(), `recycle_at="*/10 * * * * *"`) {
 		t.Errorf("the agent log does not say recycle_at replaced the workers:\n%s", a.Log())
 	}
 }
 
-// recycledUnderLoad runs both loads on port until every slot of web (from
-// status st on) had pids workers, all of instances ready again, then
-// checks: no failed request, never fewer ready workers than instances,
-// never more than one extra, and no restart (a recycle is a replacement).
-func recycledUnderLoad(t *testing.T, a *Agent, st *api.Status, port, instances, pids int) {
+// TestRecycleAtExpressTutorialApp: recycle_at on the tutorial's Express
+// app as written (app.listen(3000), no shutdown code), 2 workers: each is
+// replaced after a scheduled time, under both loads, nothing failed.
+func TestRecycleAtExpressTutorialApp(t *testing.T) {
+	parallelUnderLoad(t)
+	const instances = 2
+	port := FreePort(t)
+	dir := nodeApp(t, "express4", port, map[string]string{"app.js": tutorialApp})
+	a := StartAgent(t, bins, nodeConfig(dir, []string{"node", "app.js"}, port, instances, `recycle_at = "*/10 * * * * *"`))
+	st := a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	recycledUnderLoad(t, a, st, instances, 2, func() func() (loadgen.Result, loadgen.Result) {
+		return helloLoad(t, port, 20, 2*time.Minute)
+	})
+}
+
+// recycledUnderLoad runs both loads (load starts them) until every slot
+// of web (from status st on) had pids workers, all of instances ready
+// again, then checks: no failed request, never fewer ready workers than
+// instances, never more than one extra, and no restart (a recycle is a
+// replacement).
+func recycledUnderLoad(t *testing.T, a *Agent, st *api.Status, instances, pids int, load func() func() (loadgen.Result, loadgen.Result)) {
 	t.Helper()
-	stop := startLoad(t, port, 20, 2*time.Minute)
+	stop := load()
 	started := time.Now()
 	pidsOf := map[int]map[int]bool{} // slot -> every pid it had
 	for slot, pid := range PIDs(appOf(st, "web")) {
