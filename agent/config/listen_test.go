@@ -81,7 +81,7 @@ func TestConflicts(t *testing.T) {
 		if errA != nil || errB != nil {
 			t.Fatalf("parse: %v, %v", errA, errB)
 		}
-		sa, sb := newSite(nil, a), newSite(nil, b)
+		sa, sb := socketSite{l: a}, socketSite{l: b}
 		if got := sa.conflicts(sb); got != tt.conflict || sb.conflicts(sa) != got {
 			t.Errorf("%s vs %s: conflict = %v, want %v", tt.a, tt.b, got, tt.conflict)
 		}
