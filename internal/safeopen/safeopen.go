@@ -9,7 +9,6 @@ package safeopen
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"strings"
@@ -57,7 +56,7 @@ func openRegular(dirfd int, path, name string, flag int, perm os.FileMode, resol
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return nil, &fs.PathError{Op: "open", Path: name, Err: fmt.Errorf("%s: %w", kind(st.Mode), ErrNotRegular)}
+		return nil, &fs.PathError{Op: "open", Path: name, Err: notRegular(kind(st.Mode))}
 	}
 	if err := unix.SetNonblock(fd, false); err != nil {
 		unix.Close(fd)
@@ -99,6 +98,13 @@ func open(dirfd int, path string, flag int, perm os.FileMode, resolve uint64) (i
 	}
 	return fd, err
 }
+
+// notRegular says what a file is instead of a regular one ("a FIFO, not a
+// regular file"); errors.Is matches ErrNotRegular.
+type notRegular string
+
+func (n notRegular) Error() string        { return string(n) + ", not a regular file" }
+func (n notRegular) Is(target error) bool { return target == ErrNotRegular }
 
 func symlinkErr(err error) error {
 	return errors.Join(ErrSymlink, err)

@@ -35,7 +35,7 @@ type UnsafeFolderError struct {
 }
 
 func (e *UnsafeFolderError) Error() string {
-	return fmt.Sprintf("folder %s (owner %s, group %s, mode %s) %s; %s",
+	return fmt.Sprintf("folder %s (owner %s, group %s, mode %s) %s;\n  fix: %s",
 		e.Folder, account(e.UID, false), account(e.GID, true), modeString(e.Mode), e.Why, e.Fix)
 }
 
@@ -87,13 +87,13 @@ func (t Trust) checkOne(c string, st *unix.Stat_t, last bool) error {
 	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
 		e.Why, e.Fix = "is not a folder", "name a folder"
 	case st.Uid != 0 && int(st.Uid) != t.UID:
-		e.Why = "is owned by a user other than root and the agent's; that user could swap what root reads or writes below it for a link"
+		e.Why = "is owned by a user other than root and the agent's, who could swap a file below it for a link"
 		e.Fix = fmt.Sprintf("chown root %s and chmod go-w %s", c, c)
 	case perm&0o002 != 0 && (perm&unix.S_ISVTX == 0 || last):
-		e.Why = "is writable by everyone; any user could put a link or a file of theirs where root reads or writes"
+		e.Why = "is writable by everyone: any user could put a link where root reads or writes"
 		e.Fix = fmt.Sprintf("chmod o-w %s, or use a folder of its own that only root can write", c)
 	case perm&0o020 != 0 && st.Gid != 0 && int(st.Gid) != t.GID && t.Untrusted != nil && t.Untrusted(st.Gid) != "":
-		e.Why = fmt.Sprintf("is writable by its group, %s; its members could swap what root reads or writes below it for a link", t.Untrusted(st.Gid))
+		e.Why = fmt.Sprintf("is writable by its group, %s, whose members could swap a file below it for a link", t.Untrusted(st.Gid))
 		e.Fix = fmt.Sprintf("chmod g-w %s, or chgrp root %s", c, c)
 	default:
 		return nil
