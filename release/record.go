@@ -69,10 +69,10 @@ func (s *Store) read(app, version string) (*Release, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("%s is not a folder deployd installed", dir)
 	}
-	b, err := boundedfile.ReadFile(s.recordPath(app, version), boundedfile.Options{Max: maxRecord, NoFollow: true})
+	b, err := boundedfile.ReadFile(s.recordPath(app, version), boundedfile.Options{Max: maxRecord, NoSymlinks: true})
 	migrate := errors.Is(err, fs.ErrNotExist)
 	if migrate {
-		b, err = boundedfile.ReadFile(filepath.Join(dir, legacyRecord), boundedfile.Options{Max: maxRecord, NoFollow: true})
+		b, err = boundedfile.ReadFile(filepath.Join(dir, legacyRecord), boundedfile.Options{Max: maxRecord, NoSymlinks: true})
 	}
 	if err != nil {
 		return nil, err
