@@ -69,12 +69,12 @@ func (d *decoder) envFile(p toml.Primitive, key []string, app *App) {
 	if path == "" {
 		return
 	}
+	app.EnvFile = path // named even when it is refused: checkFolders looks at its folder too
 	vars, err := readEnvFile(path, d.env.euid)
 	if err != nil {
 		d.fail(key, strconv.Quote(path), err)
 		return
 	}
-	app.EnvFile = path
 	have := map[string]bool{}
 	for _, kv := range app.Env {
 		name, _, _ := strings.Cut(kv, "=")

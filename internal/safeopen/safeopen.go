@@ -106,9 +106,15 @@ type notRegular string
 func (n notRegular) Error() string        { return string(n) + ", not a regular file" }
 func (n notRegular) Is(target error) bool { return target == ErrNotRegular }
 
-func symlinkErr(err error) error {
-	return errors.Join(ErrSymlink, err)
-}
+func symlinkErr(err error) error { return symlinkError{err} }
+
+// symlinkError is ELOOP from a path with a link on it; errors.Is matches
+// ErrSymlink and the errno.
+type symlinkError struct{ errno error }
+
+func (e symlinkError) Error() string        { return "a symbolic link is on the path; none is followed there" }
+func (e symlinkError) Is(target error) bool { return target == ErrSymlink }
+func (e symlinkError) Unwrap() error        { return e.errno }
 
 // walkOpen opens path from dirfd one component at a time, each with
 // O_NOFOLLOW, as openat2 with RESOLVE_NO_SYMLINKS would (and, with
