@@ -91,7 +91,7 @@ func (t Trust) checkOne(c string, st *unix.Stat_t, last bool) error {
 		e.Fix = fmt.Sprintf("chown root %s and chmod go-w %s", c, c)
 	case perm&0o002 != 0 && (perm&unix.S_ISVTX == 0 || last):
 		e.Why = "is writable by everyone: any user could put a link where root reads or writes"
-		e.Fix = fmt.Sprintf("chmod o-w %s, or use a folder of its own that only root can write", c)
+		e.Fix = fmt.Sprintf("chmod o-w %s", c)
 	case perm&0o020 != 0 && st.Gid != 0 && int(st.Gid) != t.GID && t.Untrusted != nil && t.Untrusted(st.Gid) != "":
 		e.Why = fmt.Sprintf("is writable by its group, %s, whose members could swap a file below it for a link", t.Untrusted(st.Gid))
 		e.Fix = fmt.Sprintf("chmod g-w %s, or chgrp root %s", c, c)
