@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -66,6 +67,39 @@ func TestFoldersOthersCanWriteRefused(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("%s: error lacks %q:\n%v", tc.name, want, err)
 			}
+		}
+	}
+}
+
+// A log_dir folder its group can write is refused when socket_group or an
+// app's user is in that group, and fine otherwise (Ubuntu's /var/log is
+// root:syslog 0775).
+func TestFoldersGroupWritable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: it gives a folder to another group")
+	}
+	if _, err := user.LookupGroupId("1"); err != nil {
+		t.Skipf("needs group 1 (daemon): %v", err)
+	}
+	base := t.TempDir()
+	shared := filepath.Join(base, "shared")
+	must(t, os.Mkdir(shared, 0o775))
+	must(t, os.Chmod(shared, 0o775))
+	must(t, os.Chown(shared, 0, 1))
+	env := fakeEnv(0)
+	env.checkFolder = safeopen.Trust.CheckFolder
+	agent := "[agent]\nstate_dir = \"" + base + "/state\"\nlog_dir = \"" + shared + "/logs\"\n"
+	for _, tc := range []struct{ name, body, want string }{
+		{"no app or member in it", agent + web, ""},
+		{"socket_group", strings.Replace(agent, "[agent]\n", "[agent]\nsocket_group = \"1\"\n", 1) + web, "writable by its group, gid 1, socket_group"},
+		{"app's user", agent + web + "user = \"1\"\n", "writable by its group, gid 1, a group of app web's user"},
+	} {
+		_, err := parse(writeConfig(t, tc.body), []byte(tc.body), env)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "chmod g-w "+shared)):
+			t.Errorf("%s: %v, want a refusal saying %q", tc.name, err, tc.want)
 		}
 	}
 }
