@@ -72,7 +72,7 @@ func open(dirfd int, path string, flag int, perm os.FileMode, resolve uint64) (i
 	flag |= unix.O_CLOEXEC
 	if !noOpenat2.Load() {
 		how := unix.OpenHow{Flags: uint64(flag), Resolve: resolve}
-		if flag&(unix.O_CREAT|unix.O_TMPFILE) != 0 {
+		if flag&unix.O_CREAT != 0 || flag&unix.O_TMPFILE == unix.O_TMPFILE {
 			how.Mode = uint64(perm.Perm())
 		}
 		for {
