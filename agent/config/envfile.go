@@ -10,9 +10,9 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/deployd/deployd/internal/safeopen"
-
 	"github.com/BurntSushi/toml"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 // MaxEnvFile is the largest env_file the agent reads.
