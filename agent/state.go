@@ -133,7 +133,7 @@ func (s *stateFile) writeLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(s.path, append(b, '\n'), 0o600); err != nil {
+	if err := atomicfile.WriteFileNoSymlinks(s.path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
 	return nil

@@ -212,7 +212,7 @@ func (a *Agent) putRecord(apps map[string][]workers.Process, starting []starting
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(a.recordPath(), b, 0o600)
+	return atomicfile.WriteFileNoSymlinks(a.recordPath(), b, 0o600)
 }
 
 // removeRecord is the last step of a clean exit: nothing of this agent is

@@ -40,7 +40,7 @@ func (s *Store) writeRecord(rel *Release) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("record release: %w", err)
 	}
-	if err := atomicfile.WriteFile(p, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFileNoSymlinks(p, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("record release: %w", err)
 	}
 	return nil
