@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/internal/safeopen"
 	"github.com/deployd/deployd/workers/logs"
 )
 
@@ -33,7 +34,7 @@ func sendResume(ls LogOut, targets []logTarget, ends []*logs.Position) {
 // go on at p. If the log was rotated since, it first sends the rest of the
 // rotated file (found by its inode; a compressed one is gone: it says so).
 func resumeFrom(ls LogOut, t logTarget, p api.LogPos) int64 {
-	st, err := os.Stat(t.path)
+	st, err := os.Lstat(t.path) // a link in the log folder is never followed
 	switch {
 	case err != nil || p.Ino == 0:
 		return 0 // the file appeared since, or is still to come: all of it
@@ -63,7 +64,7 @@ func sameFile(fi os.FileInfo, p api.LogPos) bool {
 func rotatedFile(path string, p api.LogPos) string {
 	ms, _ := filepath.Glob(strings.TrimSuffix(path, ".log") + "-*.log")
 	for _, m := range ms {
-		if fi, err := os.Stat(m); err == nil && sameFile(fi, p) {
+		if fi, err := os.Lstat(m); err == nil && fi.Mode().IsRegular() && sameFile(fi, p) {
 			return m
 		}
 	}
@@ -72,7 +73,7 @@ func rotatedFile(path string, p api.LogPos) string {
 
 // sendFrom sends every line of the file at path from offset on.
 func sendFrom(ls LogOut, app, path string, offset int64) error {
-	f, err := os.Open(path)
+	f, err := safeopen.Open(path)
 	if err != nil {
 		return err
 	}

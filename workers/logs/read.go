@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 const (
@@ -68,7 +70,7 @@ func LastLines(path string, n int) ([]string, error) {
 
 // lastLinesOf returns the last n lines of a plain file, reading backwards.
 func lastLinesOf(path string, n int) ([]string, error) {
-	f, err := os.Open(path)
+	f, err := safeopen.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +112,7 @@ func lastLinesOf(path string, n int) ([]string, error) {
 
 // lastLinesOfGzip returns the last n lines of a compressed rotated file.
 func lastLinesOfGzip(path string, n int) ([]string, error) {
-	f, err := os.Open(path)
+	f, err := safeopen.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +211,7 @@ type follower struct {
 // open opens path at offset from (the end if from < 0); false if it does not
 // exist yet.
 func (fl *follower) open(path string, from int64) (bool, error) {
-	f, err := os.Open(path)
+	f, err := safeopen.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -257,7 +259,7 @@ func (fl *follower) check(path string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("logs: follow: %w", err)
 	}
-	st, err := os.Stat(path)
+	st, err := os.Lstat(path) // a link put in its place is not followed
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return false, nil // between the rename and the new file: keep the old one
