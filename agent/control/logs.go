@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -33,9 +34,13 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Resume = append(req.Resume, p)
 	}
-	ls := newLogStream(w)
+	// A client that stops reading holds no more than what a write takes:
+	// its write times out (deadlineWriter), and that ends the call.
+	ctx, gone := context.WithCancel(r.Context())
+	defer gone()
+	ls := newLogStream(w, gone)
 	defer ls.close()
-	if err := s.a.Logs(r.Context(), s.stopping(), req, ls); err != nil {
+	if err := s.a.Logs(ctx, s.stopping(), req, ls); err != nil {
 		writeErr(w, err)
 	}
 }
