@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -55,7 +56,7 @@ func followFrom(ctx context.Context, path string, f *os.File, from int64, fn fun
 			return true
 		}
 	}
-	fl := follower{fn: fn, f: f, offset: from, buf: make([]byte, tailBlock)}
+	fl := follower{fn: fn, f: f, offset: from}
 	defer fl.close()
 	if f != nil {
 		from = 0 // a file that replaces it is read from its start
@@ -92,9 +93,13 @@ type follower struct {
 	fn      func(string)
 	f       *os.File
 	offset  int64  // of the next byte to read in f
-	partial []byte // read, but not yet ended by a newline
-	buf     []byte
+	partial []byte // read, but not yet ended by a newline; nil when empty
 }
+
+// readBlocks are the blocks follows read into, each held only while its
+// follow reads: one that waits for lines (most do, most of the time)
+// holds none, so that a client following every app's log costs little.
+var readBlocks = sync.Pool{New: func() any { return new([tailBlock]byte) }}
 
 // open opens path at offset from (the end if from < 0); false if it does not
 // exist yet.
@@ -121,10 +126,17 @@ func (fl *follower) open(path string, from int64) (bool, error) {
 
 // read delivers the complete lines from the current offset to the end.
 func (fl *follower) read(ctx context.Context) error {
+	block := readBlocks.Get().(*[tailBlock]byte)
+	defer readBlocks.Put(block)
+	defer func() {
+		if len(fl.partial) == 0 {
+			fl.partial = nil
+		}
+	}()
 	for ctx.Err() == nil {
-		n, err := fl.f.Read(fl.buf)
+		n, err := fl.f.Read(block[:])
 		fl.offset += int64(n)
-		fl.partial = append(fl.partial, fl.buf[:n]...)
+		fl.partial = append(fl.partial, block[:n]...)
 		k := deliver(fl.partial, 0, DefaultMaxLine, false, fl.fn)
 		fl.partial = fl.partial[:copy(fl.partial, fl.partial[k:])]
 		if errors.Is(err, io.EOF) {

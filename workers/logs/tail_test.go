@@ -1,6 +1,7 @@
 package logs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -155,5 +157,43 @@ func TestStreamLastHoldsABlock(t *testing.T) {
 	t.Logf("heap before %d KiB, at most %d KiB while streaming 100 000 lines", before>>10, peak>>10)
 	if peak > before+1<<20 {
 		t.Errorf("the heap grew by %d KiB while streaming; want at most 1 MiB", (peak-before)>>10)
+	}
+}
+
+// Follows that wait for lines hold no read block: 200 of them, after each
+// delivered a line, add well under their 200 blocks (12.5 MiB) to the heap.
+// A client following every app's log runs one per app.
+func TestIdleFollowsHoldNoBlock(t *testing.T) {
+	dir := t.TempDir()
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	const follows = 200
+	before := heap()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	got := make(chan string, follows)
+	for i := range follows {
+		path := filepath.Join(dir, fmt.Sprintf("app%d.out.log", i))
+		if err := os.WriteFile(path, []byte(fmt.Sprintf("line of %d\n", i)), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			if err := Follow(ctx, path, 0, func(l string) { got <- l }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for range follows {
+		<-got
+	}
+	grew := int64(heap()) - int64(before)
+	t.Logf("%d idle follows: heap grew by %d KiB", follows, grew>>10)
+	if grew > follows*tailBlock/4 {
+		t.Errorf("%d idle follows hold %d KiB; want far less than a block each", follows, grew>>10)
 	}
 }
