@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // streamAll runs StreamLast and returns its lines.
@@ -195,5 +196,52 @@ func TestIdleFollowsHoldNoBlock(t *testing.T) {
 	t.Logf("%d idle follows: heap grew by %d KiB", follows, grew>>10)
 	if grew > follows*tailBlock/4 {
 		t.Errorf("%d idle follows hold %d KiB; want far less than a block each", follows, grew>>10)
+	}
+}
+
+// A follow goes on in the file the tail read, even when that was rotated
+// and compressed while a slow client took the tail: no line is lost or
+// shown twice.
+func TestTailedFollowAcrossRotation(t *testing.T) {
+	path := testPath(t)
+	s := open(t, Options{Path: path, Format: FormatRaw, Compress: true})
+	writeRaw(t, s, numbers(1, 5)...)
+	var got []string
+	end, err := StreamLast(path, 2, func(l string) error {
+		got = append(got, l)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRaw(t, s, "6")
+	if err := s.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	writeRaw(t, s, "7")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if bs, err := listBackups(path); err == nil && len(bs) == 1 && bs[0].gz {
+			break // the file the tail read is gone: only the tail holds it
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the rotated file was not compressed within 10s")
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	lines := make(chan string, 10)
+	done := make(chan error, 1)
+	go func() {
+		_, err := end.Follow(ctx, path, func(l string) { lines <- l })
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	expect(t, lines, "6", "7")
+	if fmt.Sprint(got) != "[4 5]" {
+		t.Errorf("tail %q, want [4 5]", got)
 	}
 }
