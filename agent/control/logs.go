@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 
 	"github.com/deployd/deployd/agent/api"
 )
@@ -42,5 +43,12 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) {
 	defer ls.close()
 	if err := s.a.Logs(ctx, s.stopping(), req, ls); err != nil {
 		writeErr(w, err)
+	}
+	if err := ls.failure(); errors.Is(err, os.ErrDeadlineExceeded) {
+		kv := []any{"timeout", controlWriteTimeout}
+		if p := peerOf(r.Context()); p != nil {
+			kv = append(kv, "uid", p.UID, "client_pid", p.PID)
+		}
+		s.log.Warn("logs client dropped: it took nothing of its answer for too long", kv...)
 	}
 }

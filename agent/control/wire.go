@@ -192,6 +192,13 @@ func (s *logStream) Send(l api.LogLine) error {
 	return s.err
 }
 
+// failure is the first write error (nil: none).
+func (s *logStream) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
 // Flush passes on what was written (and starts the answer).
 func (s *logStream) Flush() {
 	s.mu.Lock()
