@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,7 +26,7 @@ import (
 func sendResume(ls LogOut, targets []logTarget, ends []*logs.Position) {
 	for i, t := range targets {
 		if e := ends[i]; e != nil {
-			ls.Send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
+			_ = ls.Send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
 		}
 	}
 }
@@ -45,11 +46,11 @@ func resumeFrom(ls LogOut, t logTarget, p api.LogPos) int64 {
 		return p.Offset
 	}
 	if old := rotatedFile(t.path, p); old != "" {
-		if err := sendFrom(ls, t.app, old, p.Offset); err == nil {
+		if err := sendFrom(ls, t.app, old, p.Offset); err == nil || errors.Is(err, ErrClientGone) {
 			return 0
 		}
 	}
-	ls.Send(api.LogLine{App: t.app, Error: "the log was rotated and compressed while the follow moved to a new agent: " +
+	_ = ls.Send(api.LogLine{App: t.app, Error: "the log was rotated and compressed while the follow moved to a new agent: " +
 		"lines written just before the rotation may be missing here (they are in the rotated file)"})
 	return 0
 }
@@ -84,7 +85,9 @@ func sendFrom(ls LogOut, app, path string, offset int64) error {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), logs.DefaultMaxLine+1)
 	for sc.Scan() {
-		ls.Send(api.LogLine{App: app, Line: sc.Text()})
+		if err := ls.Send(api.LogLine{App: app, Line: sc.Text()}); err != nil {
+			return err
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("logs: rotated file %s: %w", path, err)
