@@ -52,6 +52,7 @@ type Options struct {
 // Bounds of what the dashboard keeps and sends.
 const (
 	maxEvents       = 500              // timeline entries kept
+	clientBytes     = 1 << 20          // bytes a page may fall behind before it is dropped
 	clientBuffer    = 64               // messages a page may fall behind before it is dropped
 	writeTimeout    = 5 * time.Second  // one write to a page
 	keepAlive       = 15 * time.Second // a comment line on an idle stream
@@ -106,6 +107,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          s.opts.Log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { s.hub.run(ctx) })
