@@ -3,10 +3,13 @@ package integration
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -179,4 +182,114 @@ func procStatusKiB(t *testing.T, pid int, field string) int64 {
 	}
 	t.Fatalf("/proc/%d/status: no %s", pid, field)
 	return 0
+}
+
+// TestDashboardTokenOnNoCommandLine runs `deployd dashboard` with a display
+// and a fake xdg-open first in PATH that records its arguments and stays
+// alive: while it runs, no /proc/*/cmdline and no readable /proc/*/environ
+// holds the token; xdg-open was given a file:// URL of a 0600 file in a
+// 0700 folder that leads to the tokened URL, and the file is gone once a
+// browser came with the token.
+func TestDashboardTokenOnNoCommandLine(t *testing.T) {
+	parallel(t)
+	a := StartAgent(t, bins, appConfig("web", FreePort(t), 1, ""))
+	a.WaitFor("web ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	bin := filepath.Join(t.TempDir(), "bin")
+	rec, release := filepath.Join(bin, "argv"), filepath.Join(bin, "release")
+	fake := fmt.Sprintf(`#!/bin/sh
+{ echo $$; printf '%%s\n' "$@"; } > %[1]s.tmp && mv %[1]s.tmp %[1]s
+i=0; while [ ! -e %[2]s ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+`, rec, release)
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "xdg-open"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.WriteFile(release, nil, 0o644) })
+	url, _ := runDashboardCmd(t, a, []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "DISPLAY=:99"})
+	_, path := splitURL(t, url)
+	token := strings.Trim(path, "/")
+
+	var lines []string
+	eventually(t, a, "xdg-open ran", 20*time.Second, func() bool {
+		b, err := os.ReadFile(rec)
+		lines = strings.Split(strings.TrimSpace(string(b)), "\n")
+		return err == nil
+	})
+	if len(lines) != 2 {
+		t.Fatalf("xdg-open's pid and arguments: %q, want its pid and one argument", lines)
+	}
+	for _, f := range procFilesWith(t, token) {
+		t.Errorf("%s holds the dashboard's token", f)
+	}
+	if environ, err := os.ReadFile("/proc/" + lines[0] + "/environ"); err != nil {
+		t.Errorf("xdg-open's environment: %v", err)
+	} else if strings.Contains(string(environ), token) {
+		t.Errorf("xdg-open's environment holds the token")
+	}
+
+	page := checkRedirectPage(t, lines[1], url)
+	if code := httpCode(t, url); code != http.StatusOK {
+		t.Fatalf("GET %s: %d, want 200", url, code)
+	}
+	eventually(t, a, "the redirecting page removed after the browser came", 5*time.Second, func() bool {
+		_, err := os.Lstat(filepath.Dir(page))
+		return errors.Is(err, fs.ErrNotExist)
+	})
+}
+
+// checkRedirectPage checks the argument xdg-open got: a file:// URL of a
+// file of this user, mode 0600, in a folder of mode 0700, that holds url.
+// It returns the file's path.
+func checkRedirectPage(t *testing.T, arg, url string) string {
+	t.Helper()
+	path, ok := strings.CutPrefix(arg, "file://")
+	if !ok {
+		t.Fatalf("xdg-open's argument %q, want a file:// URL", arg)
+	}
+	for p, want := range map[string]fs.FileMode{path: 0o600, filepath.Dir(path): fs.ModeDir | 0o700} {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != want || int(fi.Sys().(*syscall.Stat_t).Uid) != os.Getuid() {
+			t.Errorf("%s: mode %v, owner %d; want %v, owner %d", p, fi.Mode(), fi.Sys().(*syscall.Stat_t).Uid, want, os.Getuid())
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `http-equiv="refresh" content="1;url=`+url+`"`) ||
+		!strings.Contains(string(b), `window.location.replace("`+url+`")`) {
+		t.Errorf("%s does not lead to %s:\n%s", path, url, b)
+	}
+	return path
+}
+
+// procFilesWith returns every /proc/*/cmdline, and every /proc/*/environ
+// this test may read, that holds s.
+func procFilesWith(t *testing.T, s string) []string {
+	t.Helper()
+	var found []string
+	for _, name := range []string{"cmdline", "environ"} {
+		files, err := filepath.Glob("/proc/[0-9]*/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				if name == "cmdline" && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
+					t.Errorf("%s: %v", f, err)
+				}
+				continue // gone, or (environ) another user's
+			}
+			if strings.Contains(string(b), s) {
+				found = append(found, f)
+			}
+		}
+	}
+	return found
 }

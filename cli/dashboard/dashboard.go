@@ -70,6 +70,9 @@ func NewToken() string { return rand.Text() }
 type Server struct {
 	opts Options
 	hub  *hub
+
+	visited   chan struct{} // closed at the first request with the token
+	visitOnce sync.Once
 }
 
 // New returns a dashboard server for opts.
@@ -92,8 +95,12 @@ func New(opts Options) (*Server, error) {
 	if opts.LogLines <= 0 {
 		opts.LogLines = 200
 	}
-	return &Server{opts: opts, hub: newHub(opts)}, nil
+	return &Server{opts: opts, hub: newHub(opts), visited: make(chan struct{})}, nil
 }
+
+// Visited is closed when the first request with the token came: a browser
+// has the URL (the CLI then removes the page that redirected to it).
+func (s *Server) Visited() <-chan struct{} { return s.visited }
 
 // Run serves the dashboard on ln until ctx is done, then stops every
 // goroutine it started and returns.

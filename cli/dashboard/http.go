@@ -41,6 +41,7 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "forbidden: open the URL that `deployd dashboard` printed (it holds the token)", http.StatusForbidden)
 			return
 		}
+		s.visitOnce.Do(func() { close(s.visited) })
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			h.Set("Allow", "GET, HEAD")
 			http.Error(w, "the dashboard is read-only", http.StatusMethodNotAllowed)
