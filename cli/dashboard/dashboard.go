@@ -60,6 +60,8 @@ const (
 	logFlush        = 250 * time.Millisecond
 	logRetry        = 2 * time.Second // after a log stream ended
 	maxLinesPerTick = 200             // log lines per app per flush; the rest are counted as skipped
+	maxBytesPerTick = 64 << 10        // and their bytes
+	maxTailBytes    = 256 << 10       // bytes of an app's tail a new page gets (LogLines at most)
 	maxLineBytes    = 4 << 10
 )
 

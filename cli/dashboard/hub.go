@@ -124,7 +124,7 @@ type hub struct {
 	samples map[int][]Sample
 	events  []Event
 	logs    map[string][]LogEntry
-	pending []LogEntry
+	pending map[string]*lineBatch // app -> its lines since the last flush
 	clients map[*client]struct{}
 }
 
@@ -134,6 +134,7 @@ func newHub(opts Options) *hub {
 		joinc: make(chan joinReq), leavec: make(chan *client), awaitc: make(chan chan context.Context),
 		done:   make(chan struct{}),
 		shapes: map[string][]byte{}, samples: map[int][]Sample{}, logs: map[string][]LogEntry{},
+		pending: map[string]*lineBatch{},
 		clients: map[*client]struct{}{},
 	}
 }
@@ -155,10 +156,7 @@ func (h *hub) run(ctx context.Context) {
 		case r := <-h.statusc:
 			h.onStatus(r)
 		case l := <-h.logc:
-			h.pending = append(h.pending, l)
-			if len(h.pending) > 4*maxLinesPerTick {
-				h.flushLogs()
-			}
+			h.addLine(l)
 		case <-flush.C:
 			h.flushLogs()
 		case j := <-h.joinc:
@@ -332,31 +330,6 @@ func (h *hub) addEvents(evs []Event) {
 		h.events = appendBounded(h.events, e, maxEvents)
 	}
 	h.broadcast(frame("events", evs))
-}
-
-// flushLogs sends the lines that came since the last flush, at most
-// maxLinesPerTick of each app (the last ones); the others are counted.
-func (h *hub) flushLogs() {
-	if len(h.pending) == 0 {
-		return
-	}
-	byApp := map[string][]LogEntry{}
-	for _, l := range h.pending {
-		byApp[l.App] = append(byApp[l.App], l)
-	}
-	h.pending = h.pending[:0]
-	// One message per app: a message is at most one app's maxLinesPerTick
-	// lines, so a page's byte bound always holds a whole one.
-	for app, ls := range byApp {
-		if skip := len(ls) - maxLinesPerTick; skip > 0 {
-			ls = append([]LogEntry{{T: ls[skip].T, App: app, Stream: "skip",
-				Line: fmt.Sprintf("… %d lines not shown (see deployd logs %s)", skip, app)}}, ls[skip:]...)
-		}
-		for _, l := range ls {
-			h.logs[app] = appendBounded(h.logs[app], l, h.opts.LogLines)
-		}
-		h.broadcast(frame("logs", ls))
-	}
 }
 
 // broadcast queues msg for every page without waiting; a page that fell
