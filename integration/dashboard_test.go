@@ -220,14 +220,22 @@ func newReady(old []int) string {
 	})()`, b)
 }
 
-// chromiumPath finds Debian's Chromium.
+// chromiumPath finds Debian's Chromium, or skips the test.
 func chromiumPath(t *testing.T) string {
+	if p := lookChromium(); p != "" {
+		return p
+	}
+	skipOrFail(t, "no Chromium (apt-get install chromium)")
+	return ""
+}
+
+// lookChromium returns the path of Chromium, "" if there is none.
+func lookChromium() string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
 		}
 	}
-	skipOrFail(t, "no Chromium (apt-get install chromium)")
 	return ""
 }
 

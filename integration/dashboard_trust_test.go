@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/deployd/deployd/agent/api"
 )
 
@@ -188,8 +190,9 @@ func procStatusKiB(t *testing.T, pid int, field string) int64 {
 // and a fake xdg-open first in PATH that records its arguments and stays
 // alive: while it runs, no /proc/*/cmdline and no readable /proc/*/environ
 // holds the token; xdg-open was given a file:// URL of a 0600 file in a
-// 0700 folder that leads to the tokened URL, and the file is gone once a
-// browser came with the token.
+// 0700 folder that leads to the tokened URL (Chromium, when installed,
+// opens it and shows the dashboard; the scan is made again then), and the
+// file is gone once a browser came with the token.
 func TestDashboardTokenOnNoCommandLine(t *testing.T) {
 	parallel(t)
 	a := StartAgent(t, bins, appConfig("web", FreePort(t), 1, ""))
@@ -230,7 +233,17 @@ i=0; while [ ! -e %[2]s ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 	}
 
 	page := checkRedirectPage(t, lines[1], url)
-	if code := httpCode(t, url); code != http.StatusOK {
+	if path := lookChromium(); path != "" {
+		// As a browser that xdg-open started: the file leads to the page.
+		b := newBrowser(t, path)
+		b.do("open "+lines[1], chromedp.Navigate(lines[1]))
+		b.waitFor("the dashboard, from the redirecting page", 10*time.Second, func() bool {
+			return b.eval(fmt.Sprintf(`location.href === %q && document.querySelectorAll('section.app[data-app=web]').length === 1`, url))
+		})
+		for _, f := range procFilesWith(t, token) {
+			t.Errorf("with the page open in Chromium: %s holds the dashboard's token", f)
+		}
+	} else if code := httpCode(t, url); code != http.StatusOK {
 		t.Fatalf("GET %s: %d, want 200", url, code)
 	}
 	eventually(t, a, "the redirecting page removed after the browser came", 5*time.Second, func() bool {
