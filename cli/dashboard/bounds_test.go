@@ -53,7 +53,8 @@ func (chattySource) Logs(ctx context.Context, errStream bool, _ int, fn func(api
 	return nil
 }
 
-// trackingListener tells when the server closes a connection it accepted.
+// trackingListener tells when the server closes a connection it accepted,
+// and gives each a small send buffer.
 type trackingListener struct {
 	net.Listener
 	closed chan struct{} // one per closed connection
@@ -68,6 +69,12 @@ type trackedConn struct {
 func (l *trackingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
+		return nil, err
+	}
+	// A small send buffer: the page's stall shows in ms, not after the
+	// kernel buffered megabytes (tcp_wmem's max differs between machines).
+	if err := c.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+		c.Close()
 		return nil, err
 	}
 	return &trackedConn{Conn: c, closed: l.closed}, nil

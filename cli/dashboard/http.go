@@ -96,20 +96,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 		case <-s.hub.done:
 		}
 	}()
-	if conn, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-		// Dropped by the hub: a write stuck on a page that stopped
-		// reading ends now, and lets go of its message.
-		done := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			select {
-			case <-j.c.gone:
-				_ = conn.SetWriteDeadline(time.Now())
-			case <-done:
-			}
-		})
-		defer func() { close(done); wg.Wait() }()
-	}
+	defer endWritesWhenGone(r, j.c.gone)()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("X-Accel-Buffering", "no")
@@ -139,6 +126,27 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// endWritesWhenGone ends a write to r's connection, at once, once gone is
+// closed (the hub dropped the page): a write stuck on a page that stopped
+// reading then lets go of its message instead of holding it until
+// writeTimeout. Call the func it returns when the handler ends.
+func endWritesWhenGone(r *http.Request, gone <-chan struct{}) func() {
+	conn, ok := r.Context().Value(connKey{}).(net.Conn)
+	if !ok {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-gone:
+			_ = conn.SetWriteDeadline(time.Now()) // a net.Conn's methods are safe to call concurrently
+		case <-done:
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }
 
 // connKey is the context key of a request's connection (Run puts it).
