@@ -112,9 +112,9 @@ var mutations = []mutation{
 	{
 		Name: "the Node.js drain closes a connection with an unread request",
 		File: "workers/nodejs/preload.cjs",
-		Old: `  function closeIfQuiet(sock, c, destroy) {
+		Old: `  function closeIfQuiet(st, sock, c, destroy) {
     if (c.checking || sock.destroyed) return;`,
-		New: `  function closeIfQuiet(sock, c, destroy) {
+		New: `  function closeIfQuiet(st, sock, c, destroy) {
     if (!sock.destroyed) return destroy ? sock.destroy() : sock.end();
     if (c.checking || sock.destroyed) return;`,
 		Tests: []target{{"./workers/nodejs", "BusyLoop"}, {"./integration", "^TestNodeCPUBoundRoute$"}},
