@@ -45,13 +45,13 @@ func closedByPeer(t *testing.T, c *conn, d time.Duration) bool {
 // races the client's next request (it may pick the connection from its
 // pool before it reads the FIN), and no server can win that race. So the
 // drain closes no idle connection sooner than the app itself would (its
-// keepAliveTimeout, here 8 s) before the drain's last call: a client held
+// keepAliveTimeout, here 60 s) before the drain's last call: a client held
 // up for seconds (a busy machine) still gets its answer, with
 // Connection: close. The client here sends its request as soon as a FIN
 // reaches it (the moment a racing client's request would be lost), or
 // after 3 s, three times the grace after which the drain used to close.
 func TestPreloadDrainLeavesAnIdleConnectionToItsClient(t *testing.T) {
-	r := startPreloadEnv(t, idleApp, []string{"TEST_KEEPALIVE=8000"})
+	r := startPreloadEnv(t, idleApp, []string{"TEST_KEEPALIVE=60000"})
 	r.line(t, "up")
 	r.waitCtl(t, "READY=1")
 	c := dialApp(t, r.port)
@@ -72,6 +72,7 @@ func TestPreloadDrainLeavesAnIdleConnectionToItsClient(t *testing.T) {
 	if string(body) != "ok" || !resp.Close {
 		t.Errorf("a request on the idle connection during the drain: %q, Connection: close %v", body, resp.Close)
 	}
+	c.c.Close() // as a client does after a Connection: close answer
 	if code := r.exit(t); code != 0 {
 		t.Errorf("exit %d, want 0", code)
 	}
@@ -97,6 +98,30 @@ func TestPreloadDrainClosesIdleConnectionsAtItsLastCall(t *testing.T) {
 		t.Errorf("the idle connection was closed %v after the signal, want at the drain's last call (8 s)", d)
 	}
 	c.c.Close() // as a client does when it reads the FIN
+	if code := r.exit(t); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+}
+
+// The app's own keepAliveTimeout (500 ms here) still closes an idle
+// connection during the drain, long before the last call: a drain lasts
+// no longer than the app's keep-alive policy lets its idle clients stay.
+func TestPreloadDrainKeepsTheAppsKeepAliveTimeout(t *testing.T) {
+	r := startPreloadEnv(t, idleApp, []string{"TEST_KEEPALIVE=500"})
+	r.line(t, "up")
+	r.waitCtl(t, "READY=1")
+	c := dialApp(t, r.port)
+	c.get("/")
+	t0 := time.Now()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.waitCtl(t, "STOPPING=1")
+	if !closedByPeer(t, c, 10*time.Second) {
+		t.Fatal("the idle connection was not closed within stop_timeout")
+	}
+	if d := time.Since(t0); d > 6*time.Second {
+		t.Errorf("the idle connection was closed %v after the signal, want at the app's keepAliveTimeout (0.5 s + node's buffer)", d)
+	}
+	c.c.Close()
 	if code := r.exit(t); code != 0 {
 		t.Errorf("exit %d, want 0", code)
 	}
