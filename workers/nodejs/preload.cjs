@@ -39,11 +39,11 @@
 //   stop_timeout (closing it races a request the client may be sending).
 //   A connection is closed only once a turn of the event loop that read
 //   the network found no byte on it: a request a busy event loop has not
-//   read yet waits in the
-//   socket, and closing the connection then would lose it (node's own
-//   keepAliveTimeout and closeIdleConnections get the same check). An app's
-//   own stop handler (server.close, process.exit) is honoured: server.close
-//   closes only the listening handle, process.exit waits for the drain.
+//   read yet waits in the socket, and closing the connection then would
+//   lose it (node's own keepAliveTimeout and closeIdleConnections get the
+//   same check). An app's own stop handler (server.close, process.exit)
+//   is honoured: server.close closes only the listening handle,
+//   process.exit waits for the drain.
 //
 // Written in conservative syntax so that an old node reaches the version
 // check instead of a syntax error.
