@@ -284,6 +284,7 @@ func TestDefaults(t *testing.T) {
 		Balance:       "shared",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
+		QuietTimeout:  5 * time.Second,
 		MaxSurge:      1,
 		CanaryAction:  "abort",
 		KeepReleases:  5,
