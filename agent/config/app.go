@@ -174,7 +174,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 		}
 	}
 	d.duration(raw.StopTimeout, k("stop_timeout"), &a.StopTimeout, false)
-	d.duration(raw.QuietTO, k("quiet_timeout"), &a.QuietTimeout, false)
+	d.duration(raw.QuietTO, k("quiet_timeout"), &a.QuietTimeout, true)
 	d.boolean(raw.Nonblocking, k("nonblocking"), &a.Nonblocking)
 	d.integer(raw.MaxSurge, k("max_surge"), &a.MaxSurge, 1)
 	d.duration(raw.CanaryTO, k("canary_timeout"), &a.CanaryTimeout, true)
