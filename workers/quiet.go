@@ -79,7 +79,7 @@ func (w *Worker) quiet(log hclog.Logger) {
 	case quietUnknown:
 		log.Warn("cannot tell what the worker holds; stop signal sent without a quiet phase", append(args, "error", r.Err)...)
 	default:
-		log.Debug("quiet before the stop signal", args...)
+		log.Info("quiet before the stop signal", args...)
 	}
 }
 
