@@ -19,8 +19,9 @@ import (
 // reset for a request the app never saw. So the drain of such a worker
 // first waits, out of the rotation already (the steering map no longer
 // points at its socket), until the kernel says it holds nothing waiting —
-// its accept queue empty, and none of its connections with unread bytes,
-// no answer sent yet, or a request newer than its last answer — or the
+// its accept queue empty, and none of its connections accepted but never
+// answered (the kept-alive ones with a request in flight are counted, not
+// waited for) — or the
 // spec's QuietTimeout passes, or the worker is gone; only then does it
 // get its stop signal. Idle kept-alive connections are the app's to close
 // (counted, not waited for). A worker of a shared socket needs none of
@@ -45,15 +46,20 @@ type quietReport struct {
 	Outcome quietOutcome
 	Waited  time.Duration
 	// Queued are the connections in the worker's accept queues; Unread,
-	// those it accepted with bytes it has not read or no answer sent yet;
-	// Unanswered, kept-alive ones whose last request is newer than its
-	// last answer; Idle, kept-alive ones waiting for nothing.
+	// those it accepted and never answered; Unanswered, kept-alive ones
+	// with a request in flight (unread bytes, or a request newer than
+	// their last answer); Idle, kept-alive ones waiting for nothing.
 	Queued, Unread, Unanswered, Idle int
 	Err                              error
 }
 
 // waiting reports whether anything the report counts is still waited for.
-func (r quietReport) waiting() bool { return r.Queued+r.Unread+r.Unanswered > 0 }
+// A kept-alive connection with a request in flight is not waited for:
+// under a steady keep-alive load there always is one, so the phase would
+// last its whole grace, and the app's own drain is the one that can
+// answer it (measured: uvicorn's stops took 1.5-2.3 s at the median, 5 of
+// 20 the full 5 s, and new connections lost none either way).
+func (r quietReport) waiting() bool { return r.Queued+r.Unread > 0 }
 
 // ownSockets reports whether the workers of spec accept on sockets of
 // their own, the one case where a stopping worker can drop connections
@@ -71,11 +77,11 @@ func (w *Worker) quiet(log hclog.Logger) {
 	w.setState(Draining)
 	r := awaitQuiet(func() []int { return processTree(w.PID) }, listenerPorts(w.spec), w.spec.QuietTimeout, w.exited)
 	args := []any{"worker", w.Slot, "pid", w.PID, "outcome", r.Outcome, "waited_ms", r.Waited.Milliseconds(),
-		"idle_kept_alive", r.Idle}
+		"idle_kept_alive", r.Idle, "unanswered", r.Unanswered}
 	switch r.Outcome {
 	case quietGrace:
 		log.Warn("quiet_timeout passed with connections still waiting; stop signal sent", append(args,
-			"queued", r.Queued, "unread", r.Unread, "unanswered", r.Unanswered)...)
+			"queued", r.Queued, "unread", r.Unread)...)
 	case quietUnknown:
 		log.Warn("cannot tell what the worker holds; stop signal sent without a quiet phase", append(args, "error", r.Err)...)
 	default:
@@ -137,10 +143,10 @@ func quietNow(pids []int, ports map[uint16]bool) quietReport {
 		switch {
 		case s.State == sockdiag.Listen:
 			r.Queued += int(s.RecvQ)
-		case s.RecvQ > 0 || s.Info == nil || s.Info.DataSegsOut == 0:
-			r.Unread++ // not read, or not answered once: the app may not have seen it
-		case s.Info.LastDataRecv < s.Info.LastDataSent:
-			r.Unanswered++
+		case s.Info == nil || s.Info.DataSegsOut == 0:
+			r.Unread++ // never answered: the app may not have seen it
+		case s.RecvQ > 0 || s.Info.LastDataRecv < s.Info.LastDataSent:
+			r.Unanswered++ // kept alive, a request in flight: the app's own drain answers it
 		default:
 			r.Idle++
 		}
