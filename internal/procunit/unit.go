@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // MarkerVar is the variable that marks a unit's processes, set in the
@@ -237,12 +240,45 @@ func (u *Unit) Has(pid int) bool {
 }
 
 // Signal sends sig to every process of the unit (a polite stop before
-// Kill).
+// Kill), each through a pidfd checked against the unit once open
+// (openMember): never to a pid or a process group id, which, once the
+// command was reaped, may name someone else's process.
 func (u *Unit) Signal(sig syscall.Signal) {
-	_ = syscall.Kill(-u.pgid, sig)
 	for _, p := range u.Procs() {
-		_ = syscall.Kill(p.PID, sig)
+		if fd, err := u.openMember(p.PID); err == nil {
+			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+			unix.Close(fd)
+		}
 	}
+}
+
+// errNotMember: the pid no longer names a process of the unit.
+var errNotMember = errors.New("procunit: not a process of the unit")
+
+// errNoPidfd: without pidfds (Linux < 5.3) a process that is not the
+// caller's child cannot be signalled without the risk that its pid was
+// reused in between, so it is not signalled at all.
+var errNoPidfd = errors.New("procunit: no pidfd_open (Linux < 5.3): a process that is not the agent's child " +
+	"cannot be signalled without risking a reused pid")
+
+// openMember opens a pidfd for pid and then checks that pid is a live
+// process of the unit: from then on the pidfd names that process, whatever
+// becomes of the pid. Checked after the open, so that a pid reused in
+// between fails the check (the pidfd then names the new process, which is
+// not the unit's).
+func (u *Unit) openMember(pid int) (int, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ENOSYS) {
+		return -1, errNoPidfd
+	}
+	if err != nil {
+		return -1, fmt.Errorf("procunit: pidfd_open %d: %w", pid, err)
+	}
+	if !u.Has(pid) {
+		unix.Close(fd)
+		return -1, errNotMember
+	}
+	return fd, nil
 }
 
 // End kills what is left of the unit once its command has exited and was
@@ -268,10 +304,10 @@ func (u *Unit) End(ctx context.Context) ([]Proc, error) {
 }
 
 // Kill kills every process of the unit now (the command included) and
-// waits until they are gone, at most until ctx ends. The cgroup stays
-// until End.
+// waits until they are gone, at most until ctx ends: cgroup.kill, or each
+// process of the sweep through a checked pidfd, never the group id. The
+// cgroup stays until End.
 func (u *Unit) Kill(ctx context.Context) error {
-	_ = syscall.Kill(-u.pgid, syscall.SIGKILL)
 	if u.cg != nil {
 		return u.cg.kill(ctx)
 	}
