@@ -30,11 +30,12 @@ const sweepTimeout = 5 * time.Second
 // sweep kills what the worker left running once its main process exited
 // (exitedAt), before it is reaped (wait), and logs each process it killed.
 func (w *Worker) sweep(log hclog.Logger, exitedAt time.Time) {
-	w.closeEscaped()
-	u := w.groupUnit()
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
-	left, err := u.End(ctx)
+	left := w.killEscaped(ctx)
+	u := w.groupUnit()
+	more, err := u.End(ctx)
 	cancel()
+	left = append(left, more...)
 	if log == nil {
 		return
 	}
@@ -180,16 +181,29 @@ func (w *Worker) endEscaped(until time.Time, log hclog.Logger) {
 	}
 }
 
-// closeEscaped closes the pidfds endEscaped did not (a worker that exited
-// first: the sweep kills what is left).
-func (w *Worker) closeEscaped() {
+// killEscaped SIGKILLs, once the worker exited, the escaped processes that
+// endEscaped did not end (those that got its stop signal), through their
+// pidfds, and waits until they are gone (at most until ctx ends). One that
+// is exiting from the stop signal is past the unit's sweep (its
+// environment is gone) but not gone yet. It returns those it killed.
+func (w *Worker) killEscaped(ctx context.Context) []procunit.Proc {
 	w.mu.Lock()
 	es := w.escaped
 	w.escaped = nil
 	w.mu.Unlock()
+	var killed []procunit.Proc
 	for _, e := range es {
+		if !exitedWithin(e.fd, 0) {
+			_ = unix.PidfdSendSignal(e.fd, unix.SIGKILL, nil, 0)
+			killed = append(killed, e.Proc)
+		}
+	}
+	deadline, _ := ctx.Deadline()
+	for _, e := range es {
+		exitedWithin(e.fd, time.Until(deadline))
 		unix.Close(e.fd)
 	}
+	return killed
 }
 
 // exitedWithin reports whether the process of pidfd fd exits within d.
