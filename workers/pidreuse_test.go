@@ -8,12 +8,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/deployd/deployd/internal/pidns"
 	"github.com/deployd/deployd/workers/logs"
 )
 
@@ -139,25 +137,14 @@ func TestStopNotHeldUpByAnotherHolderOfStdout(t *testing.T) {
 	}
 }
 
-// envInPidNS marks the run of TestReapedWorkerPidIsNotKilled inside its
-// own PID namespace.
-const envInPidNS = "DEPLOYD_WORKERS_TEST_IN_PIDNS"
-
 // After a worker is reaped, its pid may go to another process: a root
 // process group that gets it must survive the worker's stop, while another
 // process holds the worker's stdout open (which kept its drain, and so the
 // stop, going until a SIGKILL to -pid at stop_timeout). In a PID namespace
 // of its own, ns_last_pid makes the next process get the reaped pid.
 func TestReapedWorkerPidIsNotKilled(t *testing.T) {
-	if os.Getenv(envInPidNS) == "" {
-		runInPidNS(t)
+	if !pidns.Enter(t) {
 		return
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		t.Fatalf("make mounts private: %v", err)
-	}
-	if err := unix.Mount("proc", "/proc", "proc", 0, ""); err != nil {
-		t.Fatalf("mount the namespace's /proc: %v", err)
 	}
 	spec := testSpec(t, newListener(t), "serve-ready", 1)
 	spec.StopTimeout = time.Second
@@ -173,9 +160,9 @@ func TestReapedWorkerPidIsNotKilled(t *testing.T) {
 		_, err := os.Stat("/proc/" + strconv.Itoa(w.PID))
 		return os.IsNotExist(err)
 	})
-	victim := victimGroup(t, w.PID)
+	victim := pidns.NewVictim(t, w.PID)
 	t.Logf("worker %d reaped %s after the stop began; process group %d got its pid",
-		w.PID, time.Since(t0).Round(time.Millisecond), victim.pid)
+		w.PID, time.Since(t0).Round(time.Millisecond), victim.PID)
 
 	select {
 	case <-stopped:
@@ -185,115 +172,5 @@ func TestReapedWorkerPidIsNotKilled(t *testing.T) {
 	}
 	w.killGroup() // as a kill after the worker's exit does (Discover)
 	// A kill at stop_timeout would have come by now.
-	victim.mustSurvive(t, time.Until(t0.Add(spec.StopTimeout+500*time.Millisecond)))
-}
-
-// runInPidNS runs the calling test again in a new PID and mount namespace
-// (it needs root) and fails if it fails there.
-func runInPidNS(t *testing.T) {
-	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("a PID namespace needs root")
-	}
-	cmd := exec.Command(testBinary(t), "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), envInPidNS+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
-		Pdeathsig: syscall.SIGKILL}
-	done := make(chan struct{})
-	var out []byte
-	var err error
-	go func() { defer close(done); out, err = cmd.CombinedOutput() }()
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("the run in a PID namespace did not end within a minute:\n%s", out)
-	}
-	if err != nil {
-		t.Fatalf("in a PID namespace: %v\n%s", err, out)
-	}
-	t.Logf("in a PID namespace:\n%s", out)
-}
-
-// victim is a process group that got a reaped worker's pid: its leader
-// and a member, watched through pidfds.
-type victim struct {
-	pid   int
-	procs []*os.Process
-	fds   []int
-}
-
-// victimGroup starts a process that gets pid (free again: the worker that
-// had it was reaped) by setting the namespace's ns_last_pid just before
-// the fork, as the leader of a process group of its own, and a second
-// process in that group. Both are killed when the test ends.
-func victimGroup(t *testing.T, pid int) *victim {
-	t.Helper()
-	v := &victim{pid: pid}
-	t.Cleanup(func() {
-		for i, p := range v.procs {
-			_ = unix.PidfdSendSignal(v.fds[i], unix.SIGKILL, nil, 0)
-			_, _ = p.Wait()
-			unix.Close(v.fds[i])
-		}
-	})
-	attr := &os.ProcAttr{Env: append(os.Environ(), helperEnv+"=hang", noRaceExitSleep),
-		Files: []*os.File{nil, os.Stdout, os.Stderr}, Sys: &syscall.SysProcAttr{Setpgid: true}}
-	if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0); err != nil {
-		t.Fatalf("set ns_last_pid: %v", err)
-	}
-	leader, err := os.StartProcess(testBinary(t), []string{testBinary(t)}, attr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.add(t, leader)
-	if leader.Pid != pid {
-		t.Fatalf("the victim got pid %d, not the worker's %d (another process took it first)", leader.Pid, pid)
-	}
-	attr.Sys = &syscall.SysProcAttr{Setpgid: true, Pgid: pid}
-	member, err := os.StartProcess(testBinary(t), []string{testBinary(t)}, attr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.add(t, member)
-	return v
-}
-
-func (v *victim) add(t *testing.T, p *os.Process) {
-	t.Helper()
-	fd, err := unix.PidfdOpen(p.Pid, 0)
-	if err != nil {
-		_ = p.Kill()
-		_, _ = p.Wait()
-		t.Fatal(err)
-	}
-	v.procs, v.fds = append(v.procs, p), append(v.fds, fd)
-}
-
-// mustSurvive fails the test if the victim's leader or member dies within d.
-func (v *victim) mustSurvive(t *testing.T, d time.Duration) {
-	t.Helper()
-	pfds := make([]unix.PollFd, len(v.fds))
-	for i, fd := range v.fds {
-		pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	}
-	deadline := time.Now().Add(d)
-	for {
-		n, err := unix.Poll(pfds, int(max(time.Until(deadline).Milliseconds(), 0)))
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, p := range pfds {
-			if n > 0 && p.Revents != 0 {
-				st, _ := v.procs[i].Wait()
-				t.Fatalf("process %d of the process group %d that got the reaped worker's pid died: %v",
-					v.procs[i].Pid, v.pid, st)
-			}
-		}
-		return
-	}
+	victim.MustSurvive(t, time.Until(t0.Add(spec.StopTimeout+500*time.Millisecond)))
 }
