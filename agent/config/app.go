@@ -22,6 +22,7 @@ type rawApp struct {
 	EnvInherit   toml.Primitive `toml:"env_inherit"`
 	Instances    toml.Primitive `toml:"instances"`
 	Listen       toml.Primitive `toml:"listen"`
+	AllowPorts   toml.Primitive `toml:"allow_ports"`
 	Ready        toml.Primitive `toml:"ready"`
 	ReadyTimeout toml.Primitive `toml:"ready_timeout"`
 	MinReady     toml.Primitive `toml:"min_ready"`
@@ -138,6 +139,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.envInherit(raw.EnvInherit, k("env_inherit"), a)
 	d.instances(raw.Instances, k("instances"), a)
 	d.listens(raw.Listen, k("listen"), a)
+	d.allowPorts(raw.AllowPorts, k("allow_ports"), a)
 	if s, ok := get[string](d, raw.Ready, k("ready")); ok {
 		if r, err := parseReady(s); err != nil {
 			d.fail(k("ready"), strconv.Quote(s), err)

@@ -276,7 +276,10 @@ function run(cfg) {
 
   net.Server.prototype.listen = function () {
     var r = parse(arguments);
-    if (r.kind === 'other') {
+    // A unix socket the config does not name is the app's own (tsx's IPC
+    // pipe in its parent process, an admin socket): the app binds it
+    // itself, as its own user, and it is never the port the app serves.
+    if (r.kind === 'other' || (r.kind === 'unix' && find(r) === -1)) {
       var srv = this;
       // Before the app's own listening callbacks, which may report readiness.
       srv.prependOnceListener('listening', function () { adopt(srv); });
