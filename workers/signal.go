@@ -37,9 +37,11 @@ func (w *Worker) killGroup() {
 	}
 	w.signalMain(syscall.SIGKILL)
 	if w.pidfd != nil { // adopted: its group, each process checked
+		g := processGroup(w.PID, w.startTime)
 		ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
-		_ = processGroup(w.PID, w.startTime).Kill(ctx)
+		_ = g.Kill(ctx)
 		cancel()
+		g.Close()
 	}
 }
 
@@ -79,8 +81,14 @@ func (w *Worker) signal(sig syscall.Signal) {
 		if w.signalGroup(sig) {
 			return
 		}
+		if w.pidfd != nil && w.unit != nil {
+			w.unit.Signal(sig)
+			return
+		}
 		if w.pidfd != nil {
-			w.groupUnit().Signal(sig)
+			g := processGroup(w.PID, w.startTime)
+			g.Signal(sig)
+			g.Close()
 			return
 		}
 	}

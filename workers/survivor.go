@@ -125,9 +125,11 @@ func retire(p Process) error {
 	// The group too: children left behind, each through a pidfd and only
 	// while the leader still holds its pid (not the group id: the leader is
 	// not our child, and once its parent reaps it the id may be anyone's).
+	g := processGroup(p.PID, p.StartTime)
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
-	_ = processGroup(p.PID, p.StartTime).Kill(ctx)
+	_ = g.Kill(ctx)
 	cancel()
+	g.Close()
 	_ = pfd.Signal(syscall.SIGKILL)
 	if err := <-done; err != nil && !errors.Is(err, handoff.ErrNotSameProcess) {
 		return err

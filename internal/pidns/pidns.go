@@ -81,7 +81,8 @@ type Victim struct {
 // NewVictim starts, inside the namespace (Enter), a process that gets pid
 // (free again: the process that had it was reaped) by setting ns_last_pid
 // just before the fork, as the leader of a process group of its own, and
-// a second process in that group.
+// a second process in that group. It returns nil when another process (a
+// thread a runtime started) took pid first: the caller tries again.
 func NewVictim(t *testing.T, pid int) *Victim {
 	t.Helper()
 	sleep, err := exec.LookPath("sleep")
@@ -101,7 +102,10 @@ func NewVictim(t *testing.T, pid int) *Victim {
 	}
 	v.add(t, leader)
 	if leader.Pid != pid {
-		t.Fatalf("pidns: the victim got pid %d, not %d (another process took it first)", leader.Pid, pid)
+		t.Logf("pidns: the victim got pid %d, not %d (another process took it first)", leader.Pid, pid)
+		v.kill()
+		v.procs, v.fds = nil, nil
+		return nil
 	}
 	attr.Sys = &syscall.SysProcAttr{Setpgid: true, Pgid: pid}
 	member, err := os.StartProcess(sleep, argv, attr)

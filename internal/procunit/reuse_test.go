@@ -20,14 +20,27 @@ func TestReapedCommandsPidIsNotSignalled(t *testing.T) {
 	}
 	for _, sweep := range modes(t) {
 		noCgroup = sweep
-		cmd, u, err := Start("test", func() *exec.Cmd { return exec.Command("true") })
-		if err != nil {
-			t.Fatal(err)
+		var u *Unit
+		var cmd *exec.Cmd
+		var victim *pidns.Victim
+		for try := 1; victim == nil; try++ {
+			if try > 3 {
+				t.Fatal("another process took the reaped pid first, three times")
+			}
+			var err error
+			cmd, u, err = Start("test", func() *exec.Cmd { return exec.Command("true") })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			if victim = pidns.NewVictim(t, cmd.Process.Pid); victim == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, _ = u.End(ctx)
+				cancel()
+			}
 		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatal(err)
-		}
-		victim := pidns.NewVictim(t, cmd.Process.Pid)
 		u.Signal(syscall.SIGTERM)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		kerr := u.Kill(ctx)

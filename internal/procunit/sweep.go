@@ -163,11 +163,22 @@ func waitExits(ctx context.Context, fds []int) {
 	}
 }
 
-// leaderHolds reports whether the unit's command still holds its pid: the
-// process of that pid started when the command did (a zombie's stat is
-// still there; a process that reused the pid started later).
+// leaderHolds reports whether the unit's command still holds its pid (it
+// runs, or exited and was not reaped): a signal 0 through its pidfd
+// reaches a zombie too, and fails (ESRCH) once it was reaped. A kernel
+// fact, where a start time tells apart only processes started in
+// different clock ticks.
 func (u *Unit) leaderHolds() bool {
-	return u.pgid > 0 && u.since != 0 && startTime(u.pgid) == u.since
+	if u.leader == nil {
+		return false
+	}
+	raw, err := u.leader.SyscallConn()
+	if err != nil {
+		return false // closed
+	}
+	held := false
+	_ = raw.Control(func(fd uintptr) { held = unix.PidfdSendSignal(int(fd), 0, nil, 0) == nil })
+	return held
 }
 
 // startTime is field 22 of /proc/PID/stat (clock ticks after boot), 0

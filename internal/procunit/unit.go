@@ -48,6 +48,11 @@ type Unit struct {
 	// the environment of younger processes alone.
 	since uint64
 	cg    *cgroup // nil: sweep mode
+	// leader is a pidfd of the command, opened while its pid was known to
+	// be the command's (Started: our unreaped child; Reopen: checked
+	// against its start time): leaderHolds asks it whether the command
+	// still holds its pid. nil when unknown or gone; closed by Close.
+	leader *os.File
 }
 
 // Proc is a process found in a unit.
@@ -106,8 +111,26 @@ func (u *Unit) DropCgroup() {
 // Started records the unit's command, pid, once it started.
 func (u *Unit) Started(pid int) {
 	u.pgid, u.since = pid, startTime(pid)
+	u.leader = openPidfd(pid) // our child, not reaped yet: it is the command
 	if u.cg != nil {
 		u.cg.closeFD()
+	}
+}
+
+// openPidfd opens a pidfd of pid, nil when it cannot (gone, Linux < 5.3).
+func openPidfd(pid int) *os.File {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil
+	}
+	return os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(pid))
+}
+
+// Close releases the pidfd of the unit's command (End does too). Safe to
+// call twice, and concurrently with the unit's other methods.
+func (u *Unit) Close() {
+	if u.leader != nil {
+		_ = u.leader.Close()
 	}
 }
 
@@ -195,6 +218,15 @@ func unitsCgroup(dir, id string) bool {
 // one. Nothing is created or changed.
 func Reopen(r Record) *Unit {
 	u := &Unit{id: r.ID, pgid: r.PGID, since: r.Since}
+	// The command's pidfd, if the pid is still the command's: checked
+	// after the open, so that a pid reused in between fails the check.
+	if f := openPidfd(r.PGID); f != nil {
+		if r.Since != 0 && startTime(r.PGID) == r.Since {
+			u.leader = f
+		} else {
+			f.Close()
+		}
+	}
 	if r.Cgroup != "" && unitsCgroup(r.Cgroup, r.ID) {
 		if _, err := os.Stat(filepath.Join(r.Cgroup, "cgroup.procs")); err == nil {
 			u.cg = &cgroup{dir: r.Cgroup, fd: -1}
@@ -281,11 +313,13 @@ func (u *Unit) openMember(pid int) (int, error) {
 	return fd, nil
 }
 
-// End kills what is left of the unit once its command has exited and was
-// reaped, waits until it is gone (at most until ctx ends) and removes the
-// cgroup. It returns what was left (nil when the command left nothing)
-// and an error when something could not be killed in time.
+// End kills what is left of the unit once its command has exited (before
+// its reap, the sweep still counts the command's process group), waits
+// until it is gone (at most until ctx ends), removes the cgroup and closes
+// the unit (Close). It returns what was left (nil when the command left
+// nothing) and an error when something could not be killed in time.
 func (u *Unit) End(ctx context.Context) ([]Proc, error) {
+	defer u.Close()
 	left := u.Procs()
 	if u.cg != nil {
 		if len(left) > 0 {
