@@ -31,6 +31,7 @@ type rawApp struct {
 	Spares       toml.Primitive `toml:"spares"`
 	StopSignal   toml.Primitive `toml:"stop_signal"`
 	StopTimeout  toml.Primitive `toml:"stop_timeout"`
+	QuietTO      toml.Primitive `toml:"quiet_timeout"`
 	Nonblocking  toml.Primitive `toml:"nonblocking"`
 	MaxSurge     toml.Primitive `toml:"max_surge"`
 	CanaryTO     toml.Primitive `toml:"canary_timeout"`
@@ -83,6 +84,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		Balance:       "shared",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
+		QuietTimeout:  5 * time.Second,
 		MaxSurge:      1,
 		CanaryAction:  "abort",
 		KeepReleases:  5,
@@ -172,6 +174,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 		}
 	}
 	d.duration(raw.StopTimeout, k("stop_timeout"), &a.StopTimeout, false)
+	d.duration(raw.QuietTO, k("quiet_timeout"), &a.QuietTimeout, true)
 	d.boolean(raw.Nonblocking, k("nonblocking"), &a.Nonblocking)
 	d.integer(raw.MaxSurge, k("max_surge"), &a.MaxSurge, 1)
 	d.duration(raw.CanaryTO, k("canary_timeout"), &a.CanaryTimeout, true)

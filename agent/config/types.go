@@ -155,8 +155,12 @@ type App struct {
 	Spares      int
 	StopSignal  syscall.Signal
 	StopTimeout time.Duration // default 30s
-	Nonblocking bool          // hand listeners over in non-blocking mode
-	MaxSurge    int           // extra workers during a rolling reload, default 1
+	// QuietTimeout bounds the wait, before the stop signal, for what a
+	// worker with its own socket (balance even or sticky) was given but
+	// has not read; default 5s, 0 turns it off.
+	QuietTimeout time.Duration
+	Nonblocking  bool // hand listeners over in non-blocking mode
+	MaxSurge     int  // extra workers during a rolling reload, default 1
 	// CanaryTimeout ends a canary's hold by itself after this long with
 	// CanaryAction ("abort", the default, or "promote"); 0 (default) holds
 	// until `deployd promote` or `deployd abort`.
