@@ -4,12 +4,12 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers/logs"
 	"github.com/deployd/deployd/workers/nodejs"
 )
@@ -112,24 +112,33 @@ type nodeWorker struct {
 	indirect bool
 }
 
-func (n *nodeWorker) signal(pid int, sig syscall.Signal) {
-	if n.indirect {
-		pid = -pid
-	}
-	_ = syscall.Kill(pid, sig)
-}
+// nodeUnitPoll is how often await looks whether a process of the unit
+// still runs: the channel may be held open by a process outside it (one
+// the app passed it to), whose copy must not hold up the stop.
+const nodeUnitPoll = 50 * time.Millisecond
 
-// await waits until the channel is closed by every process, at most grace.
-// With node as the main process its exit is the app's: no wait.
-func (n *nodeWorker) await() {
+// await waits until the channel is closed by every process, at most grace,
+// and no longer than some process of the worker's unit u (nil: none known)
+// runs. With node as the main process its exit is the app's: no wait.
+func (n *nodeWorker) await(u *procunit.Unit) {
 	if !n.indirect {
 		return
 	}
 	t := time.NewTimer(max(n.grace, time.Second))
 	defer t.Stop()
-	select {
-	case <-n.done:
-	case <-t.C:
+	tick := time.NewTicker(nodeUnitPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+			return
+		case <-tick.C:
+			if u != nil && len(u.Procs()) == 0 {
+				return
+			}
+		}
 	}
 }
 

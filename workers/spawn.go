@@ -323,7 +323,10 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	w.pz.add(c.errR)
 	go w.capture(&readers, "out", c.outR, c.outJ, a.out, a.app, spec.Ready)
 	go w.capture(&readers, "err", c.errR, c.errJ, a.err, a.app, spec.Ready)
-	pipes := []*os.File{c.outR, c.errR}
+	// chans are the channels read until the worker is drained, pipes
+	// every end closed then (the journals too).
+	chans := []*os.File{c.outR, c.errR}
+	var pipes []*os.File
 	for name, j := range map[string]*logs.Journal{"outj": c.outJ, "errj": c.errJ} {
 		if j != nil {
 			w.ends[name] = j.File()
@@ -335,7 +338,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		w.pz.add(c.ipc.Parent)
 		w.ends["ipc"] = c.ipc.Parent
 		go w.readIPC(&readers, c.ipc.Parent)
-		pipes = append(pipes, c.ipc.Parent)
+		chans = append(chans, c.ipc.Parent)
 	}
 	if c.node != nil {
 		w.node = &nodeWorker{done: make(chan struct{}), grace: spec.StopTimeout, indirect: spec.Node.Indirect}
@@ -343,13 +346,14 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		w.pz.add(c.node.ch.Parent)
 		w.ends["node"] = c.node.ch.Parent
 		go w.readNode(&readers, c.node.ch.Parent, spec.Ready)
-		pipes = append(pipes, c.node.ch.Parent)
+		chans = append(chans, c.node.ch.Parent)
 	}
+	pipes = append(pipes, chans...)
 	if spec.Ready.Mode == ReadyDelay && !w.isReady() {
 		go w.readyAfterDelay(max(spec.Ready.Delay-time.Since(w.Started), 0))
 	}
 	go func() {
-		w.wait(a.log, &readers, pipes)
+		w.wait(a.log, &readers, chans, pipes)
 		stopHealth()
 		c.notify.Close()
 		notifyDone.Wait()
