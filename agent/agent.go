@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"sync"
@@ -151,9 +150,8 @@ func Run(opts Options) error {
 	}
 	a.reg = handoff.NewRegistry(upg.Fds(), socks, log)
 	// Signals first, so a SIGTERM during startup is not lost.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
-	defer signal.Stop(sigs)
+	sigs, stopSigs := watchSignals()
+	defer stopSigs()
 
 	ctl, err := a.listenControl()
 	if err == nil {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/failpoint"
 	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers/logs"
 )
@@ -258,6 +259,7 @@ func (w *Worker) awaitStop(killAt time.Time) {
 // signal sends sig to the worker: to its group for a node app started
 // through npm, through the pidfd for an adopted one.
 func (w *Worker) signal(sig syscall.Signal) {
+	failpoint.DelaySignal() // a stress run's late signal; nothing otherwise
 	switch {
 	case w.node != nil:
 		w.node.signal(w.PID, sig)
