@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,8 +23,9 @@ import (
 // from a previous agent, through a handoff or from a dead agent's record):
 // every process that holds one of an app's listening sockets is a worker
 // this agent supervises, a process in such a worker's unit (a gunicorn's
-// forked workers, a daemon it started), this agent, or one of its
-// ancestors (the service manager holding a socket unit's sockets). Any
+// forked workers, a daemon it started), this agent, one of its ancestors
+// (the service manager holding a socket unit's sockets), or a previous
+// agent of this installation still winding down (its record names it). Any
 // other holder serves the app's port while no agent supervises it and
 // `status` does not list it (a worker a dead agent left in its steering
 // group, one started while it died); it is SIGKILLed through a pidfd and
@@ -208,6 +211,9 @@ func (a *Agent) unsupervised(h holder) string {
 	if ppid, err := parentOf(h.pid); err == nil && ppid == os.Getpid() {
 		return ""
 	}
+	if a.agentOfThisInstallation(h) {
+		return "" // a previous agent winding down: it closes its copies before it exits
+	}
 	why := "it is not a worker this agent supervises, nor a process of one"
 	if env, err := readEnviron(h.pid); err == nil {
 		vars := parseEnviron(env)
@@ -217,6 +223,15 @@ func (a *Agent) unsupervised(h holder) string {
 		}
 	}
 	return why
+}
+
+// agentOfThisInstallation reports whether h is an agent that shares this
+// one's state_dir: its record names its pid and start time. An agent's
+// record outlives its copies of the listeners (teardown removes it last).
+func (a *Agent) agentOfThisInstallation(h holder) bool {
+	b, err := os.ReadFile(filepath.Join(a.recordsDir(), strconv.Itoa(h.pid)+".json"))
+	var rec agentRecord
+	return err == nil && json.Unmarshal(b, &rec) == nil && rec.AgentPID == h.pid && rec.AgentStart == h.start
 }
 
 // killHolder SIGKILLs h through a pidfd, once that pidfd is known to be h
