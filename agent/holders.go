@@ -58,7 +58,7 @@ type holder struct {
 // and does not keep (a handoff's leftovers, a dead agent's survivors) and
 // then, after an adopting start whose previous agent is gone, enforces
 // the invariant that only supervised workers hold the apps' listening
-// sockets (holders.go).
+// sockets (above).
 func (a *Agent) afterAdopting() {
 	var wg sync.WaitGroup
 	parentGone := true
