@@ -264,7 +264,9 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		a.metrics.Close() // our copy: tableflip, or the next agent, holds its own
 	}
 	if removeFiles {
-		_ = os.Remove(a.socket)
+		if err := handoff.RemoveSocketFile(a.socket); err != nil {
+			a.log.Warn("control socket left in place", "error", err)
+		}
 		a.reg.RemoveSocketFiles()
 		a.removeCreatedRunDir()
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/atomicfile"
+	"github.com/deployd/deployd/internal/boundedfile"
 	"github.com/deployd/deployd/workers"
 )
 
@@ -41,6 +42,9 @@ import (
 // Each check builds the list of processes: once a second, that garbage
 // alone grew an idle agent's heap by ~1 KB/s (BENCHMARKS.md, "Agent memory").
 const recordEvery = 10 * time.Second
+
+// maxAgentRecord bounds an agent's record: about 200 bytes a worker.
+const maxAgentRecord = 64 << 20
 
 // agentRecord is one agent's record.
 type agentRecord struct {
@@ -208,7 +212,7 @@ func (a *Agent) putRecord(apps map[string][]workers.Process, starting []starting
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(a.recordPath(), b, 0o600)
+	return atomicfile.WriteFileNoSymlinks(a.recordPath(), b, 0o600)
 }
 
 // removeRecord is the last step of a clean exit: nothing of this agent is
@@ -247,7 +251,7 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		b, err := os.ReadFile(path)
+		b, err := boundedfile.ReadFile(path, boundedfile.Options{Max: maxAgentRecord, NoSymlinks: true})
 		var rec agentRecord
 		if err != nil || json.Unmarshal(b, &rec) != nil {
 			records = append(records, path)

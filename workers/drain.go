@@ -48,6 +48,7 @@ func (o *op) drainInBackground(d *drain) {
 	w := d.w
 	o.step(Event{Type: EventDraining, Slot: w.Slot, PID: w.PID, Release: w.Release}, nil)
 	t := time.Now()
+	w.quiet(o.s.log)
 	killAt := w.askStop(Draining)
 	go func() {
 		defer close(d.done)

@@ -302,11 +302,13 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	w.pz.add(c.notify)
 	go func() {
 		defer notifyDone.Done()
+		warnedListen := false // one warning per worker: the app may repeat it at will
 		w.pz.run("notify", func([]byte) ([]byte, error) {
 			return nil, c.notify.Serve(func(_, from int, msg handoff.Notify) {
 				// Only the worker's user (or root) may speak for it: a
 				// fallback abstract socket's name is visible to every user.
 				if from == uid || from == 0 {
+					ignoreListen(a.log, msg, w.PID, &warnedListen)
 					if spec.Ready.Mode == ReadyHTTP {
 						delete(msg, "READY") // only the health path says ready
 					}

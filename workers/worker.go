@@ -80,7 +80,7 @@ type Worker struct {
 	mu        sync.Mutex
 	state     State
 	readyAt   time.Time
-	asked     *string // a discovery run's LISTEN= (the address the app asked for)
+	asked     *string // a discovery run's LISTEN= on the preload's channel (takeAsked)
 	status    string  // sd_notify STATUS=
 	watchdog  time.Time
 	exitErr   error
@@ -425,11 +425,6 @@ func (w *Worker) onNotify(msg handoff.Notify) {
 		if w.state != Exited && w.state != Draining { // a drain shows as one to its end
 			w.state = Stopping
 		}
-		w.mu.Unlock()
-	}
-	if v, ok := msg["LISTEN"]; ok && w.asked == nil {
-		w.mu.Lock()
-		w.asked = &v
 		w.mu.Unlock()
 	}
 	if msg["READY"] == "1" {
