@@ -352,15 +352,23 @@ func waitGone(p workers.Process, bound time.Duration) {
 		return
 	}
 	defer pfd.Close()
+	waitPidfd(pfd, bound)
+}
+
+// waitPidfd waits up to bound for pfd's process to exit, and reports
+// whether it did. pfd is closed when it did not (that ends the wait).
+func waitPidfd(pfd *handoff.Pidfd, bound time.Duration) bool {
 	done := make(chan struct{})
 	go func() { _ = pfd.Wait(); close(done) }()
 	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case <-done:
+		return true
 	case <-t.C:
 		pfd.Close() // ends the Wait
 		<-done
+		return false
 	}
 }
 
@@ -412,17 +420,20 @@ func (a *Agent) retire(ss []survivor, records []string) {
 // retireLater retires survivors now that this agent's workers are ready:
 // those found at start; with a previous agent, those of agents gone once
 // it has exited (until then it owns its record, and it may be draining).
-func (a *Agent) retireLater() {
+// False when the previous agent did not exit in time: it still runs.
+func (a *Agent) retireLater() bool {
 	if !a.upg.HasParent() {
 		a.retire(a.found, a.foundRecords)
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), a.settings.UpgradeTimeout+time.Minute)
 	err := a.upg.WaitForParent(ctx)
 	cancel()
-	if err == nil {
-		a.retire(a.survivors())
+	if err != nil {
+		return false
 	}
+	a.retire(a.survivors())
+	return true
 }
 
 // adoptSurvivors takes back (workers.TakeBack) every recorded survivor that

@@ -97,7 +97,7 @@ func (o *op) awaitStopAccepting() {
 		}
 	}(time.Now().Add(wait))
 	for _, d := range o.drains {
-		socks := listenerInodes(d.w.spec)
+		socks := servingInodes(d.w.spec) // a dead agent's steering group too
 		for !d.w.stoppedAccepting() && holdsListener(d.w.PID, socks) {
 			select {
 			case <-d.done:

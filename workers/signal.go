@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/failpoint"
 )
 
 // A worker's pid is its own only until it is reaped: after that the kernel
@@ -77,6 +78,7 @@ func (w *Worker) signalMain(sig syscall.Signal) {
 // started through npm its process group (ours until reaped), or every
 // process of its unit (an adopted one; each through a checked pidfd).
 func (w *Worker) signal(sig syscall.Signal) {
+	failpoint.DelaySignal() // a stress run's late signal; nothing otherwise
 	if w.node != nil && w.node.indirect {
 		if w.signalGroup(sig) {
 			return

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/failpoint"
 	"github.com/deployd/deployd/internal/procunit"
 )
 
@@ -112,6 +113,7 @@ func retire(p Process) error {
 	if sig == 0 {
 		sig = syscall.SIGTERM
 	}
+	failpoint.DelaySignal() // a stress run's late signal; nothing otherwise
 	_ = pfd.Signal(sig)
 	done := make(chan error, 1)
 	go func() { done <- pfd.Wait() }()
