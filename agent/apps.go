@@ -206,7 +206,7 @@ func wants(app *config.App) []handoff.Want {
 	out := make([]handoff.Want, 0, len(app.Listen))
 	for _, l := range app.Listen {
 		out = append(out, handoff.Want{URL: l.URL, Network: l.Network, Address: l.Address, Name: l.Name,
-			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: app.Balance})
+			Nonblocking: app.Nonblocking || app.TrapsBind(), NoDelay: app.TCPNoDelay, Balance: app.Balance})
 	}
 	return out
 }
@@ -276,7 +276,7 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		StopSignal:  app.StopSignal,
 		StopTimeout: app.StopTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
-		Health: healthPolicy(app.Health),
+		Health: healthPolicy(app.Health), BindTrap: app.TrapsBind(),
 	}
 	if app.RecycleAt != "" {
 		sched, err := config.ParseRecycleAt(app.RecycleAt) // checked when the config was read

@@ -72,6 +72,9 @@ type Spec struct {
 	CPUAffinity bool
 	// Node, when set, starts the workers with deployd's Node.js preload.
 	Node *nodejs.Spec
+	// BindTrap: a worker's own bind of a listener's address is answered
+	// with the agent's socket (bindtrap.go, handoff/bindtrap).
+	BindTrap bool
 }
 
 // AppState is the state of an app's pool.

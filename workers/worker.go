@@ -102,6 +102,9 @@ type Worker struct {
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
+	// trap answers the worker's binds (Spec.BindTrap; bindtrap.go). Set
+	// before serve.
+	trap *workerTrap
 	// lines counts the output lines captured; wait watches it to tell a
 	// worker's output still draining from a pipe held open by an escaped child.
 	lines atomic.Int64

@@ -24,6 +24,8 @@ type hostEnv struct {
 	getenv func(string) string
 	home   func() (string, error)
 	cpus   func() int
+	// trapCheck, when set, stands for bindtrap.Supported (bind.go).
+	trapCheck func() error
 }
 
 func currentEnv() hostEnv {

@@ -296,6 +296,7 @@ func TestDefaults(t *testing.T) {
 		},
 		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
 		Node:  "auto",
+		Bind:  BindAuto,
 		Hooks: Hooks{BeforeTimeout: 5 * time.Minute, AfterTimeout: time.Minute},
 	}
 	got, ok := c.Apps["web"]

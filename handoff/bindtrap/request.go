@@ -40,6 +40,9 @@ type Decision struct {
 	Errno syscall.Errno
 	// Name says what Sock is, for status and the log.
 	Name string
+	// Placed, when set, is called once Sock is at the caller's fd (before
+	// the caller's bind returns).
+	Placed func()
 }
 
 // Decide is the agent's policy: which bind gets which socket. It is called

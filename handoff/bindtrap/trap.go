@@ -134,6 +134,9 @@ func (t *Trap) handle(raw syscall.RawConn, n *notif) {
 		t.mu.Lock()
 		t.answered[d.Name]++
 		t.mu.Unlock()
+		if d.Placed != nil {
+			d.Placed()
+		}
 	case d.Errno != 0:
 		t.log.Info("bind refused", "pid", req.PID, "addr", req.String(), "errno", d.Errno.Error())
 		t.respond(raw, n.ID, d.Errno)
