@@ -75,6 +75,12 @@ type worker struct {
 // socketpair's child end at fd 3, and receives the notify fd.
 func startWorker(t *testing.T, shim, server string, env ...string) *worker {
 	t.Helper()
+	return startWorkerArgv(t, shim, []string{server}, env...)
+}
+
+// startWorkerArgv is startWorker for any command.
+func startWorkerArgv(t *testing.T, shim string, argv []string, env ...string) *worker {
+	t.Helper()
 	agentEnd, child, err := Pair()
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +89,7 @@ func startWorker(t *testing.T, shim, server string, env ...string) *worker {
 	inR, inW, _ := os.Pipe()
 	outR, outW, _ := os.Pipe()
 	env = append(env, envShim+"=3", "PATH=/usr/bin:/bin")
-	pid, err := syscall.ForkExec(shim, []string{shim, server}, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(shim, append([]string{shim}, argv...), &syscall.ProcAttr{
 		Env:   env,
 		Files: []uintptr{inR.Fd(), outW.Fd(), os.Stderr.Fd(), child.Fd()},
 		Sys:   &syscall.SysProcAttr{Credential: nobody, Setpgid: true},
@@ -95,7 +101,7 @@ func startWorker(t *testing.T, shim, server string, env ...string) *worker {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(-pid, syscall.SIGKILL) // its group: what it started too
 		var ws syscall.WaitStatus
 		_, _ = syscall.Wait4(pid, &ws, 0, nil)
 		outR.Close()
@@ -161,7 +167,7 @@ func pidsServing(t *testing.T, port int, want ...int) map[int]int {
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	seen := map[int]int{}
 	deadline := time.Now().Add(15 * time.Second)
-	for n := 0; time.Now().Before(deadline); n++ {
+	for n := 0; time.Now().Before(deadline); n++ { // at least 40 requests
 		resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/")
 		if err != nil {
 			t.Fatalf("request %d: %v", n, err)
@@ -330,4 +336,28 @@ func inSyscall(pid, nr int) bool {
 		}
 	}
 	return false
+}
+
+// A process the worker starts (here a shell that runs the server as its
+// child, as npm or a start script would) inherits the filter: its bind is
+// answered too.
+func TestBindOfAWorkersChildIsAnswered(t *testing.T) {
+	shim, server := binaries(t)
+	_, web := listenLoopback(t)
+	port := int(web.Addr.Port())
+	w := startWorkerArgv(t, shim, []string{"/bin/sh", "-c", server + "; exit $?"}, "PORT="+strconv.Itoa(port))
+	tr := Serve(w.notify, Match([]Listen{web}), nil)
+	defer tr.Close()
+	if got := w.line(t); !strings.HasPrefix(got, "listening") {
+		t.Fatalf("worker: %q", got)
+	}
+	seen := pidsServing(t, port)
+	for pid := range seen {
+		if pid == w.pid {
+			t.Errorf("the shell %d answered; want its child", pid)
+		}
+	}
+	if ans, _ := tr.Answered(); ans["web"] != 1 {
+		t.Errorf("trap answered %v, want web:1", ans)
+	}
 }
