@@ -38,14 +38,14 @@ func TestBindDefaults(t *testing.T) {
 // the fix; an app that does not need the trap is not.
 func TestBindRefusals(t *testing.T) {
 	noTrap := fakeEnv(1000)
-	noTrap.trapCheck = func() error { return errors.New("no user_notif (Linux >= 5.14 is needed; or set bind = \"inherit\")") }
+	noTrap.trapCheck = func() error { return errors.New("no user_notif (Linux >= 5.9 is needed; or set bind = \"inherit\")") }
 	for _, tc := range []struct {
 		name, extra string
 		env         hostEnv
 		want        string // "" = accepted
 	}{
 		{"bad value", "listen = [\"tcp://127.0.0.1:8080\"]\nbind = \"trap\"", fakeEnv(1000), `apps.web.bind = "trap": unknown bind; use "auto"`},
-		{"old kernel", `listen = ["tcp://127.0.0.1:8080"]`, noTrap, `apps.web.bind = "auto": the app's own bind cannot be answered with the agent's socket: no user_notif (Linux >= 5.14 is needed; or set bind = "inherit")`},
+		{"old kernel", `listen = ["tcp://127.0.0.1:8080"]`, noTrap, `apps.web.bind = "auto": the app's own bind cannot be answered with the agent's socket: no user_notif (Linux >= 5.9 is needed; or set bind = "inherit")`},
 		{"old kernel, inherit", "listen = [\"tcp://127.0.0.1:8080\"]\nbind = \"inherit\"", noTrap, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,17 +4,16 @@
 // Bun.serve, Deno.serve) share one port in a pool and a new release binds
 // while the old one still serves.
 //
-// The mechanism is seccomp user notification (Linux >= 5.14 for the atomic
-// answer; 5.9 without it). The re-exec shim that starts a worker installs,
+// The mechanism is seccomp user notification with SECCOMP_IOCTL_NOTIF_ADDFD
+// (Linux >= 5.9). The re-exec shim that starts a worker installs,
 // on the thread that then execs the app, a classic BPF filter that turns
 // bind(2) into a notification (InstallAndSend), and passes the filter's
 // notify fd to the agent over a socketpair before the app runs, so the app
 // can never close it first. The agent (Serve) reads each bind's sockaddr
 // from the caller's memory, checks the notification is still live, asks a
 // Decide callback, and either places its own socket at the caller's fd
-// (SECCOMP_IOCTL_NOTIF_ADDFD with SETFD|SEND: the bind returns 0 and the fd
-// is now the agent's listener; the app's listen() on it only changes the
-// backlog) or lets the call run as the app's own (CONTINUE). Children and
+// (SECCOMP_IOCTL_NOTIF_ADDFD with SETFD, then an answer of 0: the fd is now
+// the agent's listener; the app's listen() on it only changes the backlog) or lets the call run as the app's own (CONTINUE). Children and
 // exec'd descendants of the worker inherit the filter and are answered the
 // same way.
 //

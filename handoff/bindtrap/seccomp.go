@@ -72,22 +72,22 @@ var ErrUnsupported = errors.New("bindtrap: this kernel cannot answer a worker's 
 
 // Supported reports whether the kernel has what answering a bind needs:
 // seccomp user notification (user_notif in
-// /proc/sys/kernel/seccomp/actions_avail) and, for the atomic answer, Linux
-// >= 5.14. The error names the fix.
+// /proc/sys/kernel/seccomp/actions_avail) and SECCOMP_IOCTL_NOTIF_ADDFD
+// (Linux >= 5.9). The error names the fix.
 func Supported() error {
 	b, err := os.ReadFile("/proc/sys/kernel/seccomp/actions_avail")
 	if err != nil {
 		return fmt.Errorf("%w: %w (a kernel built with CONFIG_SECCOMP_FILTER is needed; or set bind = \"inherit\" and give the app fd 3)", ErrUnsupported, err)
 	}
 	if !strings.Contains(string(b), "user_notif") {
-		return fmt.Errorf("%w: no user_notif in /proc/sys/kernel/seccomp/actions_avail (Linux >= 5.14 is needed; or set bind = \"inherit\" and give the app fd 3)", ErrUnsupported)
+		return fmt.Errorf("%w: no user_notif in /proc/sys/kernel/seccomp/actions_avail (Linux >= 5.9 is needed; or set bind = \"inherit\" and give the app fd 3)", ErrUnsupported)
 	}
 	var u unix.Utsname
 	if err := unix.Uname(&u); err == nil {
 		var major, minor int
 		if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err == nil &&
-			(major < 5 || major == 5 && minor < 14) {
-			return fmt.Errorf("%w: Linux %d.%d lacks SECCOMP_ADDFD_FLAG_SEND (Linux >= 5.14 is needed; or set bind = \"inherit\" and give the app fd 3)", ErrUnsupported, major, minor)
+			(major < 5 || major == 5 && minor < 9) {
+			return fmt.Errorf("%w: Linux %d.%d lacks SECCOMP_IOCTL_NOTIF_ADDFD (Linux >= 5.9 is needed; or set bind = \"inherit\" and give the app fd 3)", ErrUnsupported, major, minor)
 		}
 	}
 	return nil

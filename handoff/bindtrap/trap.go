@@ -160,14 +160,17 @@ func (t *Trap) respond(raw syscall.RawConn, id uint64, errno syscall.Errno) {
 	})
 }
 
-// place puts sock at the caller's fd and answers 0 in one step (ADDFD
-// with SETFD|SEND). The caller's own socket is closed by the replacement.
+// place puts sock at the caller's fd (ADDFD with SETFD: the caller's own
+// socket is closed by the replacement) and answers 0. Not with
+// SECCOMP_ADDFD_FLAG_SEND, which would do both in one step but makes the
+// call return the new fd's number: glibc callers that test bind's result
+// against 0 (the JDK's Net.bind0) then fail with a stale errno.
 func (t *Trap) place(raw syscall.RawConn, id uint64, req Request, sock syscall.Conn) error {
 	src, err := sock.SyscallConn()
 	if err != nil {
 		return err
 	}
-	add := notifAddFD{ID: id, Flags: unix.SECCOMP_ADDFD_FLAG_SETFD | unix.SECCOMP_ADDFD_FLAG_SEND, NewFD: uint32(req.FD)}
+	add := notifAddFD{ID: id, Flags: unix.SECCOMP_ADDFD_FLAG_SETFD, NewFD: uint32(req.FD)}
 	if closeOnExec(req.PID, req.FD) {
 		add.NewFDFlags = unix.O_CLOEXEC
 	}
@@ -186,6 +189,14 @@ func (t *Trap) place(raw syscall.RawConn, id uint64, req Request, sock syscall.C
 	if aerr != nil {
 		t.respond(raw, id, unix.EADDRINUSE)
 		return fmt.Errorf("SECCOMP_IOCTL_NOTIF_ADDFD: %w", aerr)
+	}
+	// The fd is the agent's socket now; the bind returns 0. (Were the
+	// caller interrupted meanwhile, its restarted bind is answered again.)
+	resp := notifResp{ID: id}
+	var serr error
+	_ = raw.Control(func(fd uintptr) { serr = ioctl(int(fd), unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp)) })
+	if serr != nil && serr != unix.ENOENT {
+		return fmt.Errorf("SECCOMP_IOCTL_NOTIF_SEND: %w", serr)
 	}
 	return nil
 }
