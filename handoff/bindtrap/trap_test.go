@@ -361,3 +361,20 @@ func TestBindOfAWorkersChildIsAnswered(t *testing.T) {
 		t.Errorf("trap answered %v, want web:1", ans)
 	}
 }
+
+// An answered bind returns 0, as bind(2) does: libc callers that test the
+// result against 0 (the JDK) take anything else for a failure.
+func TestAnsweredBindReturnsZero(t *testing.T) {
+	shim, _ := binaries(t)
+	_, web := listenLoopback(t)
+	port := strconv.Itoa(int(web.Addr.Port()))
+	w := startWorkerArgv(t, shim, []string{shim}, envProbe+"="+port)
+	tr := Serve(w.notify, Match([]Listen{web}), nil)
+	defer tr.Close()
+	if got, want := w.line(t), "bind returned 0 errno 0"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+	if ans, _ := tr.Answered(); ans["web"] != 1 {
+		t.Errorf("trap answered %v, want web:1", ans)
+	}
+}
