@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,24 +37,28 @@ var selfBindJava = sync.OnceValues(func() (string, error) {
 // selfBinder is a server as its users write it, binding its own port.
 type selfBinder struct {
 	name string
-	argv func(t *testing.T) []string
+	argv func(t *testing.T, port int) []string
 }
 
 var selfBinders = []selfBinder{
-	{"go", func(t *testing.T) []string {
+	{"go", func(t *testing.T, _ int) []string {
 		bin, err := selfBindBin()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return []string{bin}
 	}},
-	{"jdk", func(t *testing.T) []string {
+	{"jdk", func(t *testing.T, _ int) []string {
 		requireTool(t, "apt-get install openjdk-17-jdk-headless", "javac", "-version")
 		dir, err := selfBindJava()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return []string{"/usr/bin/java", "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", dir, "SelfBind"}
+	}},
+	{"uvicorn", func(t *testing.T, port int) []string {
+		requireTool(t, "apt-get install python3-uvicorn", debianPython, "-c", "import uvicorn")
+		return []string{debianPython, "-m", "uvicorn", "--app-dir", appServersDir(), "--port", strconv.Itoa(port), "asgi:app"}
 	}},
 }
 
@@ -94,14 +99,15 @@ func TestSelfBindingServersReloadUpgradeAndAgentKill(t *testing.T) {
 	for _, sb := range selfBinders {
 		t.Run(sb.name, func(t *testing.T) {
 			parallelUnderLoad(t)
-			checkSelfBinder(t, sb.argv(t))
+			checkSelfBinder(t, sb.argv)
 		})
 	}
 }
 
-func checkSelfBinder(t *testing.T, argv []string) {
+func checkSelfBinder(t *testing.T, argvFor func(*testing.T, int) []string) {
 	const instances, reloads = 2, 5
 	port := FreePort(t)
+	argv := argvFor(t, port)
 	app := func(ver string) string { return selfBindApp(argv, port, instances, ver) }
 	a := NewAgentDir(t, bins, app("v1"))
 	a.UseOwnBinary()
