@@ -29,7 +29,7 @@ func TestSelfBindBench(t *testing.T) {
 	}
 	const instances, rounds, round = 2, 4, 6 * time.Second
 	selfPort, fdPort := FreePort(t), FreePort(t)
-	self := StartAgent(t, bins, selfBindApp(selfBinders[0].argv(t, selfPort), selfPort, instances, "v1"))
+	self := StartAgent(t, bins, selfBindApp(selfBinders[0].argv(t, selfPort), selfPort, instances, "v1", ""))
 	fd := StartAgent(t, bins, goAppConfig(goApp(t), fdPort, instances, "v1", `bind = "inherit"`))
 	ports := map[string]int{"self-binding": selfPort, "fd 3": fdPort}
 	agents := map[string]*Agent{"self-binding": self, "fd 3": fd}

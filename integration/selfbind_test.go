@@ -38,6 +38,7 @@ var selfBindJava = sync.OnceValues(func() (string, error) {
 type selfBinder struct {
 	name string
 	argv func(t *testing.T, port int) []string
+	env  string // more of the app's env, e.g. `, DENO_DIR = "/tmp/x"`
 }
 
 var selfBinders = []selfBinder{
@@ -47,7 +48,7 @@ var selfBinders = []selfBinder{
 			t.Fatal(err)
 		}
 		return []string{bin}
-	}},
+	}, ""},
 	{"jdk", func(t *testing.T, _ int) []string {
 		requireTool(t, "apt-get install openjdk-17-jdk-headless", "javac", "-version")
 		dir, err := selfBindJava()
@@ -55,16 +56,34 @@ var selfBinders = []selfBinder{
 			t.Fatal(err)
 		}
 		return []string{"/usr/bin/java", "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", dir, "SelfBind"}
-	}},
+	}, ""},
 	{"uvicorn", func(t *testing.T, port int) []string {
 		requireTool(t, "apt-get install python3-uvicorn", debianPython, "-c", "import uvicorn")
 		return []string{debianPython, "-m", "uvicorn", "--app-dir", appServersDir(), "--port", strconv.Itoa(port), "asgi:app"}
-	}},
+	}, ""},
+	{"bun", func(t *testing.T, _ int) []string {
+		return []string{npmTool(t, "bun"), filepath.Join(selfBindAppsDir(), "bun_server.js")}
+	}, ""},
+	{"deno", func(t *testing.T, _ int) []string {
+		return []string{npmTool(t, "deno"), "run", "--allow-net", "--allow-env", filepath.Join(selfBindAppsDir(), "deno_server.js")}
+	}, `, DENO_DIR = "/tmp/deployd-it-deno", NO_COLOR = "1"`},
+}
+
+// selfBindAppsDir holds the Bun and Deno servers and the npm project that
+// installs both (npm ci in .ci/run).
+func selfBindAppsDir() string { return filepath.Join(RepoRoot(), "integration", "selfbindapps") }
+
+// npmTool is the binary name the npm project installed, or skips the test.
+func npmTool(t *testing.T, name string) string {
+	t.Helper()
+	p := filepath.Join(selfBindAppsDir(), "node_modules", ".bin", name)
+	requireTool(t, "npm ci --prefix integration/selfbindapps", p, "--version")
+	return p
 }
 
 // selfBindApp is the config a user writes for such a server: command,
 // instances, listen and PORT; nothing about how it gets its socket.
-func selfBindApp(argv []string, port, instances int, ver string) string {
+func selfBindApp(argv []string, port, instances int, ver, env string) string {
 	q := make([]string, len(argv))
 	for i, a := range argv {
 		q[i] = fmt.Sprintf("%q", a)
@@ -76,8 +95,8 @@ listen = ["tcp://127.0.0.1:%d"]
 user = "nobody"
 stop_timeout = "15s"
 ready_timeout = "60s"
-env = { PORT = "%d", APP_VERSION = %q }
-`, strings.Join(q, ", "), instances, port, port, ver)
+env = { PORT = "%d", APP_VERSION = %q%s }
+`, strings.Join(q, ", "), instances, port, port, ver, env)
 }
 
 // Two workers of each unmodified self-binding server (run as nobody) serve
@@ -91,24 +110,25 @@ env = { PORT = "%d", APP_VERSION = %q }
 // A reload's failed requests are the server's own: Go's Shutdown closes,
 // unanswered, a connection it accepted before the signal and reads after
 // it (net/http conn.serve: "if c.server.shuttingDown() { return }"), the
-// JDK's HttpServer.stop resets the ones it accepted and had not read, and
-// both close idle kept-alive connections under their client. They are
+// JDK's HttpServer.stop, uvicorn and Deno reset the ones they accepted and
+// had not read, Bun and Deno exit on SIGTERM as their docs write them, and
+// all close idle kept-alive connections under their client. They are
 // counted and logged, not failed, as with the same server on an inherited
 // fd 3: the drains issue makes them the agent's business (a quiet stop).
 func TestSelfBindingServersReloadUpgradeAndAgentKill(t *testing.T) {
 	for _, sb := range selfBinders {
 		t.Run(sb.name, func(t *testing.T) {
 			parallelUnderLoad(t)
-			checkSelfBinder(t, sb.argv)
+			checkSelfBinder(t, sb)
 		})
 	}
 }
 
-func checkSelfBinder(t *testing.T, argvFor func(*testing.T, int) []string) {
+func checkSelfBinder(t *testing.T, sb selfBinder) {
 	const instances, reloads = 2, 5
 	port := FreePort(t)
-	argv := argvFor(t, port)
-	app := func(ver string) string { return selfBindApp(argv, port, instances, ver) }
+	argv := sb.argv(t, port)
+	app := func(ver string) string { return selfBindApp(argv, port, instances, ver, sb.env) }
 	a := NewAgentDir(t, bins, app("v1"))
 	a.UseOwnBinary()
 	a.Start()
