@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/integration/loadgen"
 )
@@ -204,4 +206,91 @@ func reloadsUnderLoad(t *testing.T, a *Agent, port int, app func(ver string) str
 			t.Errorf("%d reloads, %s clients: %s: want requests and no connection refused", n, r.what, r.res)
 		}
 	}
+}
+
+// A self-binding worker's bind is answered by whichever agent runs: the
+// one an upgrade started (the notify fd crossed with the worker), and,
+// for a bind made while no agent runs, the one started after an agent
+// SIGKILL (it copies the notify fd the worker keeps): the bind waits
+// meanwhile, it does not fail with ENOSYS.
+func TestSelfBindAcrossUpgradeAndAgentKill(t *testing.T) {
+	parallel(t)
+	const instances = 2
+	port := FreePort(t)
+	a := NewAgentDir(t, bins, selfBindApp(selfBinders[0].argv(t, port), port, instances, "v1", ""))
+	a.UseOwnBinary()
+	a.Start()
+	st := a.WaitFor("ready", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	pids := PIDs(appOf(st, "web"))
+
+	upgradeBy(t, a, "cli")
+	a.WaitFor("ready after the upgrade", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	rebind(t, a, pids[0])
+
+	pid, _ := agentPID(t, a)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExited(t, pid, 10*time.Second)
+	if err := syscall.Kill(pids[1], syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !inBind(pids[1]); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("worker %d is not waiting in bind 10 s after SIGHUP with no agent\n%s", pids[1], outLog(t, a))
+		}
+	}
+	a.Start()
+	a.WaitFor("ready under the next agent", 60*time.Second, func(st *api.Status) bool {
+		return st.Agent.PID != pid && AllReady(st, "web", instances)
+	})
+	waitRebound(t, a, pids[1])
+}
+
+// rebind makes worker pid bind its port once more and waits for the answer.
+func rebind(t *testing.T, a *Agent, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitRebound(t, a, pid)
+}
+
+// waitRebound waits for worker pid's "rebound" line in the app's log.
+func waitRebound(t *testing.T, a *Agent, pid int) {
+	t.Helper()
+	ok, bad := fmt.Sprintf("rebound ok %d", pid), fmt.Sprintf("rebound err %d", pid)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		out := outLog(t, a)
+		switch {
+		case strings.Contains(out, bad):
+			t.Fatalf("worker %d's bind failed:\n%s", pid, out)
+		case strings.Contains(out, ok):
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("worker %d's bind not answered within 20 s:\n%s\n%s", pid, out, a.Log())
+		}
+	}
+}
+
+// outLog is the app's stdout log so far.
+func outLog(t *testing.T, a *Agent) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(a.Dir, "logs", "web.out.log"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// inBind reports whether a thread of pid is in bind(2), as the kernel
+// says (/proc/PID/task/TID/syscall starts with the call's number).
+func inBind(pid int) bool {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/syscall", pid))
+	for _, f := range tasks {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), strconv.Itoa(unix.SYS_BIND)+" ") {
+			return true
+		}
+	}
+	return false
 }

@@ -7,7 +7,8 @@
 // For the bind trap's own tests it can also bind what the trap must leave
 // alone first: EXTRA_TCP=PORT (a TCP port no listen names) and UDP=1 (a
 // UDP socket on PORT); it prints each outcome as a line. WAIT_STDIN=1
-// makes it bind only once a line comes on stdin.
+// makes it bind only once a line comes on stdin, and SIGHUP binds PORT
+// once more.
 package main
 
 import (
@@ -42,6 +43,7 @@ func main() {
 		fmt.Fprintf(w, "version=%s pid=%d slot=%s\n", ver, pid, slot)
 	})
 	srv := &http.Server{Addr: ":" + port, Handler: mux}
+	go rebindOnHUP(srv, port)
 	idle := make(chan struct{})
 	go func() {
 		sig := make(chan os.Signal, 1)
@@ -70,4 +72,21 @@ func report(what string, l net.Listener, err error) {
 		return
 	}
 	fmt.Printf("%s ok %s\n", what, l.Addr())
+}
+
+// rebindOnHUP binds PORT once more on each SIGHUP and serves there too,
+// saying "rebound ok PID" or "rebound err PID ERROR": the bind trap's
+// tests make a worker bind while no agent runs, or under the next agent.
+func rebindOnHUP(srv *http.Server, port string) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	for range hup {
+		l, err := net.Listen("tcp", ":"+port)
+		if err != nil {
+			fmt.Printf("rebound err %d %v\n", os.Getpid(), err)
+			continue
+		}
+		fmt.Printf("rebound ok %d\n", os.Getpid())
+		go func() { _ = srv.Serve(l) }()
+	}
 }
