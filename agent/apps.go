@@ -206,7 +206,7 @@ func wants(app *config.App) []handoff.Want {
 	out := make([]handoff.Want, 0, len(app.Listen))
 	for _, l := range app.Listen {
 		out = append(out, handoff.Want{URL: l.URL, Network: l.Network, Address: l.Address, Name: l.Name,
-			Nonblocking: app.Nonblocking || app.TrapsBind(), NoDelay: app.TCPNoDelay, Balance: app.Balance})
+			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: app.Balance})
 	}
 	return out
 }

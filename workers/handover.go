@@ -104,7 +104,6 @@ func (s *Spec) Identity() string {
 		Groups              []uint32
 		Listeners           []lis
 		Node, Indirect, Pin bool
-		BindTrap            bool `json:",omitempty"`
 	}{Release: s.Release, Dir: s.Dir, Ready: string(s.Ready.Mode), Argv: s.Argv,
 		Env: slices.DeleteFunc(slices.Clone(s.Env), perInvocation), UID: -1, GID: -1, Pin: s.CPUAffinity}
 	sort.Strings(id.Env)
@@ -117,7 +116,6 @@ func (s *Spec) Identity() string {
 	if s.Node != nil {
 		id.Node, id.Indirect = true, s.Node.Indirect
 	}
-	id.BindTrap = s.BindTrap
 	b, _ := json.Marshal(id)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])

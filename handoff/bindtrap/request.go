@@ -113,19 +113,23 @@ func socketType(tid, fd int) (int, error) {
 	return unix.GetsockoptInt(sfd, unix.SOL_SOCKET, unix.SO_TYPE)
 }
 
-// closeOnExec reports whether the caller's fd is close-on-exec (the flags
-// line of /proc/TID/fdinfo/FD), so that the socket put in its place keeps
-// the app's choice.
-func closeOnExec(tid, fd int) bool {
+// fdFlags returns the caller's fd's close-on-exec flag and O_NONBLOCK
+// (the flags line of /proc/TID/fdinfo/FD), so that the socket put in its
+// place keeps the app's choices. Unknown: close-on-exec, non-blocking
+// (what Go, tokio and libuv make).
+func fdFlags(tid, fd int) (cloexec, nonblock bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/fdinfo/" + strconv.Itoa(fd))
 	if err != nil {
-		return true
+		return true, true
 	}
 	for line := range bytes.Lines(b) {
 		if v, ok := bytes.CutPrefix(line, []byte("flags:")); ok {
 			flags, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 8, 64)
-			return err != nil || flags&unix.O_CLOEXEC != 0
+			if err != nil {
+				return true, true
+			}
+			return flags&unix.O_CLOEXEC != 0, flags&unix.O_NONBLOCK != 0
 		}
 	}
-	return true
+	return true, true
 }

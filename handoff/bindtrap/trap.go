@@ -171,17 +171,29 @@ func (t *Trap) place(raw syscall.RawConn, id uint64, req Request, sock syscall.C
 		return err
 	}
 	add := notifAddFD{ID: id, Flags: unix.SECCOMP_ADDFD_FLAG_SETFD, NewFD: uint32(req.FD)}
-	if closeOnExec(req.PID, req.FD) {
+	cloexec, nonblock := fdFlags(req.PID, req.FD)
+	if cloexec {
 		add.NewFDFlags = unix.O_CLOEXEC
 	}
-	var aerr error
+	var aerr, nerr error
 	if err := src.Control(func(sfd uintptr) {
+		// O_NONBLOCK belongs to the socket's file description, which every
+		// holder shares: it takes the mode the app gave its own socket
+		// (SOCK_NONBLOCK in Go, tokio, libuv), which it never sets again
+		// after bind. The app's other workers run the same program.
+		if nerr = unix.SetNonblock(int(sfd), nonblock); nerr != nil {
+			return
+		}
 		add.SrcFD = uint32(sfd)
 		aerr = raw.Control(func(nfd uintptr) {
 			aerr = ioctl(int(nfd), ioctlNotifAddFD, unsafe.Pointer(&add))
 		})
 	}); err != nil {
 		return err
+	}
+	if nerr != nil {
+		t.respond(raw, id, unix.EADDRINUSE)
+		return fmt.Errorf("O_NONBLOCK: %w", nerr)
 	}
 	if aerr == unix.ENOENT {
 		return nil // the caller went away
