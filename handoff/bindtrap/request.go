@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"strconv"
@@ -62,8 +63,11 @@ func readRequest(nf *os.File, n *notif) (Request, bool, error) {
 	size := min(n.Data.Args[2], unix.SizeofSockaddrInet6)
 	buf := make([]byte, size)
 	mem, err := os.Open("/proc/" + strconv.Itoa(r.PID) + "/mem")
-	if err != nil {
+	if errors.Is(err, fs.ErrNotExist) {
 		return r, false, fmt.Errorf("%w: %w", errGone, err)
+	}
+	if err != nil { // no ptrace rights over it (Yama, a non-root agent): it runs as asked
+		return r, false, err
 	}
 	got, err := mem.ReadAt(buf, int64(n.Data.Args[1]))
 	mem.Close()
@@ -101,8 +105,11 @@ func socketType(tid, fd int) (int, error) {
 	if err != nil {
 		pfd, err = unix.PidfdOpen(tid, 0) // before Linux 6.9: works for a leader
 	}
-	if err != nil {
+	if err == unix.ESRCH {
 		return 0, fmt.Errorf("%w: pidfd_open %d: %w", errGone, tid, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("pidfd_open %d: %w", tid, err)
 	}
 	defer unix.Close(pfd)
 	sfd, err := unix.PidfdGetfd(pfd, fd, 0)
