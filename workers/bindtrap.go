@@ -77,6 +77,9 @@ func (w *Worker) startTrap(log hclog.Logger, spec *Spec, ls []handoff.Bound, pai
 			}
 		}
 		match := bindtrap.Match(t.listens)
+		if spec.BindPolicy != nil {
+			match = spec.BindPolicy(t.listens)
+		}
 		decide := func(r bindtrap.Request) bindtrap.Decision {
 			d := match(r)
 			if d.Sock != nil {
@@ -239,4 +242,15 @@ func (w *Worker) socketSource() string {
 		return "inherited fd"
 	}
 	return ""
+}
+
+// identityReady is the ready mode as Spec.Identity names it: "bind" is
+// "notify" with one more way to be ready, and an app that took the
+// default ready before binds were answered had "notify": its workers are
+// the same and are adopted across the upgrade that brings the trap.
+func identityReady(m ReadyMode) string {
+	if m == ReadyBind {
+		return string(ReadyNotify)
+	}
+	return string(m)
 }

@@ -104,7 +104,7 @@ func (s *Spec) Identity() string {
 		Groups              []uint32
 		Listeners           []lis
 		Node, Indirect, Pin bool
-	}{Release: s.Release, Dir: s.Dir, Ready: string(s.Ready.Mode), Argv: s.Argv,
+	}{Release: s.Release, Dir: s.Dir, Ready: identityReady(s.Ready.Mode), Argv: s.Argv,
 		Env: slices.DeleteFunc(slices.Clone(s.Env), perInvocation), UID: -1, GID: -1, Pin: s.CPUAffinity}
 	sort.Strings(id.Env)
 	if c := s.Credential; c != nil {
