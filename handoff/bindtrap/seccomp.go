@@ -100,9 +100,16 @@ func Supported() error {
 func install() (int, error) {
 	prog := filter()
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	// WAIT_KILLABLE_RECV (Linux 5.19): once the agent has taken a bind, a
+	// signal (Go's preemption, a timer) no longer interrupts and restarts
+	// it between the placing of the socket and the answer.
+	flags := uintptr(unix.SECCOMP_FILTER_FLAG_NEW_LISTENER | unix.SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV)
 	do := func() (int, error) {
-		fd, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
-			unix.SECCOMP_FILTER_FLAG_NEW_LISTENER, uintptr(unsafe.Pointer(&fprog)))
+		fd, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
+		if errno == unix.EINVAL && flags&unix.SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV != 0 {
+			flags = unix.SECCOMP_FILTER_FLAG_NEW_LISTENER // before 5.19: a restarted bind is answered again
+			fd, _, errno = unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
+		}
 		if errno != 0 {
 			return -1, errno
 		}
