@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"sync"
@@ -80,6 +79,7 @@ type Agent struct {
 	shutdownOnce sync.Once
 	ready        chan struct{}  // closed once the agent serves (after upg.Ready)
 	quiet        atomic.Bool    // a new agent that has not taken over: leave the previous one's sockets alone
+	tearingDown  atomic.Bool    // set as teardown starts: its workers stop, none is a stray (holders.go)
 	upgrading    sync.Mutex     // held while an upgrade runs
 	upgWG        sync.WaitGroup // SIGHUP upgrades in flight
 	hooks        afterHooks     // after hooks running or queued (afterhook.go)
@@ -107,6 +107,9 @@ type Agent struct {
 	// exits for systemd's next agent, which adopts the workers from this
 	// one's record: teardown keeps it (handoffLost).
 	orphaned bool
+	// adopting: this start takes workers over (a handoff, or survivors of
+	// a dead agent); set by Run, read by afterAdopting (holders.go).
+	adopting bool
 }
 
 // Run runs the agent until SIGTERM/SIGINT, `deployd shutdown`, or a
@@ -139,6 +142,7 @@ func Run(opts Options) error {
 	a.quiet.Store(upg.HasParent())
 	if upg.HasParent() {
 		a.parent = os.Getppid()
+		a.adopting = true
 	}
 	a.marker = agentMarker(cfg.Agent.StateDir)
 	socks := a.activation()
@@ -146,14 +150,14 @@ func Run(opts Options) error {
 		// Workers a killed agent left: their sockets first (still bound),
 		// retired once this agent's own workers are ready (survivors.go).
 		a.found, a.foundRecords = a.survivors()
+		a.adopting = len(a.found) > 0
 		a.endDeadSurvivors(a.found)
 		socks = append(socks, a.survivorSockets(a.found)...)
 	}
 	a.reg = handoff.NewRegistry(upg.Fds(), socks, log)
 	// Signals first, so a SIGTERM during startup is not lost.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
-	defer signal.Stop(sigs)
+	sigs, stopSigs := watchSignals()
+	defer stopSigs()
 
 	ctl, err := a.listenControl()
 	if err == nil {
@@ -246,6 +250,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 // shutdown) it also removes the socket files; after a handoff the new agent
 // serves them.
 func (a *Agent) teardown(handedOff, removeFiles bool) {
+	a.tearingDown.Store(true)
 	a.hooks.close() // after hooks end (each within after_timeout) before their app's workers stop
 	a.upgWG.Wait()
 	eachApp(a.appList(), func(rt *appRT) {
@@ -259,7 +264,9 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		a.metrics.Close() // our copy: tableflip, or the next agent, holds its own
 	}
 	if removeFiles {
-		_ = os.Remove(a.socket)
+		if err := handoff.RemoveSocketFile(a.socket); err != nil {
+			a.log.Warn("control socket left in place", "error", err)
+		}
 		a.reg.RemoveSocketFiles()
 		a.removeCreatedRunDir()
 	}
@@ -323,8 +330,7 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	if err := a.writeRecord(a.processes()); err != nil {
 		a.log.Warn("record the running workers", "error", err)
 	}
-	a.retiring.Go(a.retireLater)
-	a.retiring.Go(a.stopLeftovers)
+	a.retiring.Go(a.afterAdopting)
 	a.holdHandoff(true)
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")

@@ -1,14 +1,11 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,11 +19,6 @@ const (
 	// logsFlushTimeout bounds how long a log call waits for the sinks to
 	// write what they hold, so that lines printed just before show up.
 	logsFlushTimeout = 5 * time.Second
-	// maxJoinSearch bounds the bytes tailFrom reads to find where the last
-	// lines it returned end in a file that grew meanwhile.
-	maxJoinSearch = 8 << 20
-	// joinContext is how many of its last lines tailFrom looks for.
-	joinContext = 8
 )
 
 // logTarget is one log file a logs call reads or acts on.
@@ -83,11 +75,16 @@ func flushSinks(ctx context.Context, ts []logTarget) {
 }
 
 // LogOut receives the lines of a logs call (the control API streams them):
-// Send is safe for concurrent use; Flush asks to pass on what was sent.
+// Send is safe for concurrent use, and returns ErrClientGone once the
+// client is gone (it stopped taking them: then the call's ctx is done
+// too); Flush asks to pass on what was sent.
 type LogOut interface {
-	Send(api.LogLine)
+	Send(api.LogLine) error
 	Flush()
 }
+
+// ErrClientGone is LogOut.Send's error once the client is gone.
+var ErrClientGone = errors.New("the client is gone")
 
 // Logs sends the last req.Lines lines of each log req asks for (or, for an
 // app in req.Resume, what followed where a follow stopped), then, with
@@ -116,171 +113,101 @@ func (a *Agent) Logs(ctx, stop context.Context, req api.LogsRequest, out LogOut)
 		defer context.AfterFunc(stop, cancel)()
 	}
 	flushSinks(fctx, targets)
-	froms := firstLines(out, targets, req.Lines, resume)
-	if !req.Follow {
-		out.Send(api.LogLine{Done: true})
+	starts := firstLines(out, targets, req.Lines, resume, req.Follow)
+	switch {
+	case ctx.Err() != nil: // the client is gone
+		closeStarts(starts)
+		return nil
+	case !req.Follow:
+		_ = out.Send(api.LogLine{Done: true})
 		return nil
 	}
 	out.Flush()
-	ends := followAll(fctx, out, targets, froms)
+	ends := followAll(fctx, out, targets, starts)
 	if ctx.Err() == nil {
 		sendResume(out, targets, ends) // the agent ended it: stops, or hands over
 	}
 	return nil
 }
 
-// firstLines sends the last n lines of each target's log, or nothing for a
-// target resumed, and returns the offsets to follow from (-1: unreadable).
-func firstLines(ls LogOut, targets []logTarget, n int, resume map[string]api.LogPos) []int64 {
-	froms := make([]int64, len(targets))
-	for i, t := range targets {
-		if p, ok := resume[t.app]; ok {
-			froms[i] = resumeFrom(ls, t, p)
-			continue
-		}
-		lines, from, err := tailFrom(t.path, n)
-		if err != nil {
-			ls.Send(api.LogLine{App: t.app, Error: err.Error()})
-			froms[i] = -1
-			continue
-		}
-		for _, l := range lines {
-			ls.Send(api.LogLine{App: t.app, Line: l})
-		}
-		froms[i] = from
-	}
-	return froms
+// followStart is where a follow of one log starts: where the last lines
+// sent end (tailed), or an offset in the current file (-1: not followed).
+type followStart struct {
+	tailed *logs.Tailed
+	from   int64
 }
 
-// followAll streams the lines appended to each target's log from froms[i]
-// (skipping negative ones) until ctx is done, and returns where each
+// firstLines sends the last n lines of each target's log, read from the
+// files as the client takes them (logs.StreamLast), or nothing for a
+// target resumed, and returns where to follow each from (nil without
+// follow). It stops, returning nil, when the client is gone.
+func firstLines(ls LogOut, targets []logTarget, n int, resume map[string]api.LogPos, follow bool) []followStart {
+	starts := make([]followStart, len(targets))
+	for i, t := range targets {
+		if p, ok := resume[t.app]; ok {
+			starts[i].from = resumeFrom(ls, t, p)
+			continue
+		}
+		tailed, err := logs.StreamLast(t.path, n, func(line string) error {
+			return ls.Send(api.LogLine{App: t.app, Line: line})
+		})
+		switch {
+		case errors.Is(err, ErrClientGone):
+			closeStarts(starts)
+			return nil
+		case errors.Is(err, fs.ErrNotExist):
+			// no file yet: Follow waits for it and reads it whole
+		case err != nil:
+			_ = ls.Send(api.LogLine{App: t.app, Error: err.Error()})
+			starts[i].from = -1
+		case follow:
+			starts[i].tailed = tailed
+		default:
+			tailed.Close()
+		}
+	}
+	if !follow {
+		return nil
+	}
+	return starts
+}
+
+// closeStarts lets go of the files the starts hold.
+func closeStarts(starts []followStart) {
+	for _, s := range starts {
+		s.tailed.Close()
+	}
+}
+
+// followAll streams the lines appended to each target's log from starts[i]
+// (skipping those at -1) until ctx is done, and returns where each
 // stopped (nil for one skipped or failed).
-func followAll(ctx context.Context, ls LogOut, targets []logTarget, froms []int64) []*logs.Position {
+func followAll(ctx context.Context, ls LogOut, targets []logTarget, starts []followStart) []*logs.Position {
 	ends := make([]*logs.Position, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
-		if froms[i] < 0 {
+		if starts[i].tailed == nil && starts[i].from < 0 {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			end, err := logs.FollowFrom(ctx, t.path, froms[i], func(line string) {
-				ls.Send(api.LogLine{App: t.app, Line: line})
-			})
+		wg.Go(func() {
+			// A client gone (Send fails) ends ctx, and so the follow.
+			send := func(line string) { _ = ls.Send(api.LogLine{App: t.app, Line: line}) }
+			var end logs.Position
+			var err error
+			if tl := starts[i].tailed; tl != nil {
+				end, err = tl.Follow(ctx, t.path, send)
+			} else {
+				end, err = logs.FollowFrom(ctx, t.path, starts[i].from, send)
+			}
 			if err != nil {
-				ls.Send(api.LogLine{App: t.app, Error: err.Error()})
+				_ = ls.Send(api.LogLine{App: t.app, Error: err.Error()})
 				return
 			}
 			ends[i] = &end
-		}()
+		})
 	}
 	wg.Wait()
 	return ends
-}
-
-// tailFrom returns the last n lines of the log at path and the offset in the
-// current file where they end, for Follow to go on from there without a gap
-// or a line twice. Workers may write meanwhile: if the file grew while
-// LastLines read it, the offset is found by looking for the last line in
-// what was added; if it was rotated, it tries again.
-func tailFrom(path string, n int) ([]string, int64, error) {
-	var lines []string
-	for range 3 {
-		before, errB := os.Stat(path)
-		var err error
-		lines, err = logs.LastLines(path, n)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, 0, err
-		}
-		after, errA := os.Stat(path)
-		switch {
-		case errors.Is(errB, fs.ErrNotExist) && errors.Is(errA, fs.ErrNotExist):
-			return lines, 0, nil // Follow waits for the file and reads it whole
-		case errB != nil || errA != nil:
-			continue
-		case !os.SameFile(before, after):
-			continue // rotated meanwhile
-		case len(lines) == 0:
-			return lines, after.Size(), nil
-		case before.Size() == after.Size():
-			// A write may be in progress all the same, the file ending
-			// mid-line: Follow will deliver that line whole.
-			if size := after.Size(); size > 0 && !endsLine(path, size) {
-				last := lines[len(lines)-1]
-				return lines[:len(lines)-1], max(size-int64(len(last)), 0), nil
-			}
-			return lines, after.Size(), nil
-		}
-		off, partial := joinOffset(path, lines[max(len(lines)-joinContext, 0):], before.Size(), after.Size())
-		if partial {
-			lines = lines[:len(lines)-1] // Follow delivers it whole
-		}
-		return lines, off, nil
-	}
-	// Rotated three times while reading: follow the newest file from its start.
-	return lines, 0, nil
-}
-
-// endsLine reports whether the byte before offset size of path is a newline
-// (or cannot be read: then there is nothing better to do).
-func endsLine(path string, size int64) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return true
-	}
-	defer f.Close()
-	b := []byte{0}
-	if _, err := f.ReadAt(b, size-1); err != nil {
-		return true
-	}
-	return b[0] == '\n'
-}
-
-// joinOffset finds where LastLines stopped reading the file at path, which
-// grew from lo to hi bytes meanwhile. tail is the end of what it returned,
-// a few lines whose last one may be partial (it read a write in progress).
-// It looks for the first place at line start where tail's lines are and the
-// last one ends at or after lo; when the last one is whole, the result is
-// after its newline, else (partial) its start, so that Follow delivers it
-// whole. When it cannot tell, it returns lo: a line may then show twice,
-// but none is missed.
-func joinOffset(path string, tail []string, lo, hi int64) (off int64, partial bool) {
-	want := []byte(strings.Join(tail, "\n"))
-	lastLen := len(tail[len(tail)-1])
-	// From the byte before the earliest start of a tail that ends at lo.
-	start := max(lo-int64(len(want))-2, 0)
-	if hi-start > maxJoinSearch {
-		return lo, false
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return lo, false
-	}
-	defer f.Close()
-	b := make([]byte, hi-start)
-	if _, err := f.ReadAt(b, start); err != nil {
-		return lo, false
-	}
-	for i := 0; i < len(b); {
-		j := bytes.Index(b[i:], want)
-		if j < 0 {
-			break
-		}
-		at := i + j // want starts at start+at
-		end := at + len(want)
-		whole := end < len(b) && b[end] == '\n'
-		switch {
-		case start+int64(at) != 0 && (at == 0 || b[at-1] != '\n'):
-			// not at the start of a line
-		case whole && start+int64(end)+1 >= lo:
-			return start + int64(end) + 1, false
-		case !whole && start+int64(end) >= lo:
-			return start + int64(end-lastLen), true
-		}
-		i = at + 1
-	}
-	return lo, false
 }
 
 // RotateLogFiles rotates the log files of app (every app's when "") now.

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/internal/safeopen"
 	"github.com/deployd/deployd/workers/logs"
 )
 
@@ -24,7 +26,7 @@ import (
 func sendResume(ls LogOut, targets []logTarget, ends []*logs.Position) {
 	for i, t := range targets {
 		if e := ends[i]; e != nil {
-			ls.Send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
+			_ = ls.Send(api.LogLine{Resume: &api.LogPos{App: t.app, Dev: e.Dev, Ino: e.Ino, Offset: e.Offset}})
 		}
 	}
 }
@@ -33,7 +35,7 @@ func sendResume(ls LogOut, targets []logTarget, ends []*logs.Position) {
 // go on at p. If the log was rotated since, it first sends the rest of the
 // rotated file (found by its inode; a compressed one is gone: it says so).
 func resumeFrom(ls LogOut, t logTarget, p api.LogPos) int64 {
-	st, err := os.Stat(t.path)
+	st, err := os.Lstat(t.path) // a link in the log folder is never followed
 	switch {
 	case err != nil || p.Ino == 0:
 		return 0 // the file appeared since, or is still to come: all of it
@@ -44,11 +46,11 @@ func resumeFrom(ls LogOut, t logTarget, p api.LogPos) int64 {
 		return p.Offset
 	}
 	if old := rotatedFile(t.path, p); old != "" {
-		if err := sendFrom(ls, t.app, old, p.Offset); err == nil {
+		if err := sendFrom(ls, t.app, old, p.Offset); err == nil || errors.Is(err, ErrClientGone) {
 			return 0
 		}
 	}
-	ls.Send(api.LogLine{App: t.app, Error: "the log was rotated and compressed while the follow moved to a new agent: " +
+	_ = ls.Send(api.LogLine{App: t.app, Error: "the log was rotated and compressed while the follow moved to a new agent: " +
 		"lines written just before the rotation may be missing here (they are in the rotated file)"})
 	return 0
 }
@@ -63,7 +65,7 @@ func sameFile(fi os.FileInfo, p api.LogPos) bool {
 func rotatedFile(path string, p api.LogPos) string {
 	ms, _ := filepath.Glob(strings.TrimSuffix(path, ".log") + "-*.log")
 	for _, m := range ms {
-		if fi, err := os.Stat(m); err == nil && sameFile(fi, p) {
+		if fi, err := os.Lstat(m); err == nil && fi.Mode().IsRegular() && sameFile(fi, p) {
 			return m
 		}
 	}
@@ -72,7 +74,7 @@ func rotatedFile(path string, p api.LogPos) string {
 
 // sendFrom sends every line of the file at path from offset on.
 func sendFrom(ls LogOut, app, path string, offset int64) error {
-	f, err := os.Open(path)
+	f, err := safeopen.Open(path)
 	if err != nil {
 		return err
 	}
@@ -83,7 +85,9 @@ func sendFrom(ls LogOut, app, path string, offset int64) error {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), logs.DefaultMaxLine+1)
 	for sc.Scan() {
-		ls.Send(api.LogLine{App: app, Line: sc.Text()})
+		if err := ls.Send(api.LogLine{App: app, Line: sc.Text()}); err != nil {
+			return err
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("logs: rotated file %s: %w", path, err)

@@ -27,10 +27,11 @@ type lineList struct {
 	lines []api.LogLine
 }
 
-func (l *lineList) Send(line api.LogLine) {
+func (l *lineList) Send(line api.LogLine) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lines = append(l.lines, line)
+	return nil
 }
 
 func (l *lineList) Flush() {}

@@ -13,41 +13,6 @@ import (
 	"time"
 )
 
-func TestJoinOffset(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "web.out.log")
-	content := "a\nb\nab\nb\nc\n"
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		last    string
-		lo, hi  int64
-		want    int64
-		partial bool
-	}{
-		{"b", 0, 11, 4, false},      // the first whole line "b"
-		{"b", 4, 11, 4, false},      // its end is lo
-		{"b", 5, 11, 9, false},      // "ab" is not "b"; the next "b" ends at 9
-		{"c", 2, 11, 11, false},     // the last line
-		{"x", 2, 11, 2, false},      // not there: lo
-		{"c", 2, 9, 2, false},       // beyond hi: lo
-		{"a", 0, 11, 2, false},      // at the start of the file
-		{"ab", 3, 11, 7, false},     // a line that starts before lo
-		{"c", 2, 12, 2, false},      // hi beyond the end (truncated meanwhile): lo
-		{"a", 5, 11, 4, true},       // "ab" was being written: follow from its start
-		{"b\nc", 5, 11, 11, false},  // several lines
-		{"a\nb\na", 3, 11, 4, true}, // several lines, the last one partial
-		{"b\na", 3, 11, 4, true},    // "b", then "ab" being written
-		{"c\na", 3, 11, 3, false},   // never in a row: lo
-		{"b\nc", 0, 11, 11, false},  // the first "b" is not followed by "c"
-	} {
-		got, partial := joinOffset(path, strings.Split(tc.last, "\n"), tc.lo, tc.hi)
-		if got != tc.want || partial != tc.partial {
-			t.Errorf("joinOffset(%q, %d, %d) = %d, %v; want %d, %v", tc.last, tc.lo, tc.hi, got, partial, tc.want, tc.partial)
-		}
-	}
-}
-
 // TestTailFromWhileWritten checks the junction tailFrom computes while a
 // writer appends numbered lines as fast as it can: the line at the offset is
 // always the one after the last line returned.

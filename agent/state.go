@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
 
 	"github.com/deployd/deployd/internal/atomicfile"
+	"github.com/deployd/deployd/internal/boundedfile"
 )
 
 // stateVersion is the format of state.json.
@@ -44,9 +44,13 @@ type stateDoc struct {
 	Apps    map[string]*AppState `json:"apps"`
 }
 
+// maxStateFile bounds state.json: a few hundred bytes an app.
+const maxStateFile = 64 << 20
+
+// loadState reads dir/state.json, following no link on its path.
 func loadState(dir string) (*stateFile, error) {
 	s := &stateFile{path: filepath.Join(dir, "state.json"), apps: map[string]*AppState{}}
-	b, err := os.ReadFile(s.path)
+	b, err := boundedfile.ReadFile(s.path, boundedfile.Options{Max: maxStateFile, NoSymlinks: true})
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil
 	}
@@ -129,7 +133,7 @@ func (s *stateFile) writeLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(s.path, append(b, '\n'), 0o600); err != nil {
+	if err := atomicfile.WriteFileNoSymlinks(s.path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/atomicfile"
+	"github.com/deployd/deployd/internal/boundedfile"
 	"github.com/deployd/deployd/workers"
 )
 
@@ -41,6 +42,9 @@ import (
 // Each check builds the list of processes: once a second, that garbage
 // alone grew an idle agent's heap by ~1 KB/s (BENCHMARKS.md, "Agent memory").
 const recordEvery = 10 * time.Second
+
+// maxAgentRecord bounds an agent's record: about 200 bytes a worker.
+const maxAgentRecord = 64 << 20
 
 // agentRecord is one agent's record.
 type agentRecord struct {
@@ -208,7 +212,7 @@ func (a *Agent) putRecord(apps map[string][]workers.Process, starting []starting
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(a.recordPath(), b, 0o600)
+	return atomicfile.WriteFileNoSymlinks(a.recordPath(), b, 0o600)
 }
 
 // removeRecord is the last step of a clean exit: nothing of this agent is
@@ -247,7 +251,7 @@ func (a *Agent) survivors() (out []survivor, records []string) {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		b, err := os.ReadFile(path)
+		b, err := boundedfile.ReadFile(path, boundedfile.Options{Max: maxAgentRecord, NoSymlinks: true})
 		var rec agentRecord
 		if err != nil || json.Unmarshal(b, &rec) != nil {
 			records = append(records, path)
@@ -348,15 +352,23 @@ func waitGone(p workers.Process, bound time.Duration) {
 		return
 	}
 	defer pfd.Close()
+	waitPidfd(pfd, bound)
+}
+
+// waitPidfd waits up to bound for pfd's process to exit, and reports
+// whether it did. pfd is closed when it did not (that ends the wait).
+func waitPidfd(pfd *handoff.Pidfd, bound time.Duration) bool {
 	done := make(chan struct{})
 	go func() { _ = pfd.Wait(); close(done) }()
 	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case <-done:
+		return true
 	case <-t.C:
 		pfd.Close() // ends the Wait
 		<-done
+		return false
 	}
 }
 
@@ -408,17 +420,20 @@ func (a *Agent) retire(ss []survivor, records []string) {
 // retireLater retires survivors now that this agent's workers are ready:
 // those found at start; with a previous agent, those of agents gone once
 // it has exited (until then it owns its record, and it may be draining).
-func (a *Agent) retireLater() {
+// False when the previous agent did not exit in time: it still runs.
+func (a *Agent) retireLater() bool {
 	if !a.upg.HasParent() {
 		a.retire(a.found, a.foundRecords)
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), a.settings.UpgradeTimeout+time.Minute)
 	err := a.upg.WaitForParent(ctx)
 	cancel()
-	if err == nil {
-		a.retire(a.survivors())
+	if err != nil {
+		return false
 	}
+	a.retire(a.survivors())
+	return true
 }
 
 // adoptSurvivors takes back (workers.TakeBack) every recorded survivor that

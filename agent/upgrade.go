@@ -12,6 +12,7 @@ import (
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/boundedfile"
+	"github.com/deployd/deployd/internal/failpoint"
 	"github.com/deployd/deployd/internal/version"
 	"github.com/deployd/deployd/release/selfupdate"
 )
@@ -271,13 +272,8 @@ func (a *Agent) handoffLost(err error) error {
 	}
 }
 
-// envHandoffHold is a failpoint for tests: a new agent taking over from a
-// previous one waits this long (a Go duration, at most 30 s) between being
-// ready and telling the previous agent, so that a test can SIGKILL either
-// agent in the middle of a handoff that otherwise takes milliseconds.
-// "before:D" waits before telling systemd its pid instead (the previous
-// agent is then still systemd's main pid).
-const envHandoffHold = "DEPLOYD_TEST_HANDOFF_HOLD"
+// envHandoffHold is failpoint.EnvHandoffHold.
+const envHandoffHold = failpoint.EnvHandoffHold
 
 // handoffHold reads envHandoffHold: how long to hold, and whether before
 // telling systemd.

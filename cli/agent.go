@@ -98,7 +98,9 @@ func configCommand() *cli.Command {
 				"mean; for an app with health checks it says which fd the health listener is\n" +
 				"and warns when the command looks like it serves only fd 3. When an agent answers\n" +
 				"on the socket, it also says which apps run a count `deployd scale` set instead of\n" +
-				"their instances.\n" +
+				"their instances. It refuses a state_dir, log_dir or env_file whose path has a\n" +
+				"symbolic link or a folder that anyone but root (or the agent's user) could change:\n" +
+				"the agent reads and writes there as root.\n" +
 				"Example: deployd config check -c /etc/deployd/deployd.toml",
 			Flags: []cli.Flag{configFlag, socketFlag},
 			Action: func(c *cli.Context) error {

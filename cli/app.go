@@ -102,6 +102,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			scaleCommand(), stopCommand(), startCommand(), pauseCommand(), resumeCommand(), deleteCommand(), deployCommand(), promoteCommand(), abortCommand(), rollbackCommand(), releasesCommand(), upgradeCommand(), shutdownCommand(), versionCommand(), configCommand(), startupCommand(), importCommand(), demoWorkerCommand(),
 		},
 	}
+	app.Commands = append(app.Commands, pm2Commands()...)
 	setUsageError(app.Commands)
 	return app
 }

@@ -3,11 +3,14 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/urfave/cli/v2"
@@ -21,8 +24,9 @@ func dashboardCommand() *cli.Command {
 		Name:  "dashboard",
 		Usage: "serve a live web page of the apps, workers, timeline and logs",
 		Description: "Serves a read-only web page on --listen (loopback by default) and prints its URL,\n" +
-			"which holds a random token: any other URL gets 403. It opens the URL with xdg-open\n" +
-			"when there is a display (DISPLAY or WAYLAND_DISPLAY) unless --no-open. The page shows\n" +
+			"which holds a random token: any other URL gets 403. When there is a display (DISPLAY or\n" +
+			"WAYLAND_DISPLAY) and no --no-open, it opens the page with xdg-open through a private\n" +
+			"file that redirects to the URL, so the token is on no command line. The page shows\n" +
 			"every app with its workers (slot, pid, state, release, uptime, restarts, CPU and RSS\n" +
 			"plots), a timeline of what changed (new workers, crashes, restarts, state changes) and\n" +
 			"a live tail of each app's log, stderr in red. This command reads the agent's status\n" +
@@ -79,8 +83,7 @@ func runDashboard(c *cli.Context) error {
 	if !c.Bool("no-open") && (os.Getenv("DISPLAY") != "" || os.Getenv("WAYLAND_DISPLAY") != "") {
 		go func() {
 			defer close(opened)
-			// Its output would mix with ours; a failure only means no browser opened.
-			_ = exec.CommandContext(cx, "xdg-open", url).Run()
+			openBrowser(cx, c.App.ErrWriter, srv, url)
 		}()
 	} else {
 		close(opened)
@@ -88,6 +91,37 @@ func runDashboard(c *cli.Context) error {
 	err = srv.Run(cx, ln)
 	<-opened
 	return err
+}
+
+// redirectTTL bounds how long the page that redirects to the dashboard
+// stays on disk when no browser comes.
+const redirectTTL = time.Minute
+
+// openBrowser opens the dashboard with xdg-open through a private page
+// that redirects to url: the token goes on no command line (every local
+// user reads those in /proc/PID/cmdline) and into no environment. The page
+// is removed once a browser came with the token, after redirectTTL, or
+// when the dashboard stops.
+func openBrowser(cx context.Context, errw io.Writer, srv *dashboard.Server, url string) {
+	path, remove, err := dashboard.RedirectPage(url)
+	if err != nil {
+		fmt.Fprintf(errw, "deployd: warning: no browser opened: %v; open the URL above\n", err)
+		return
+	}
+	defer remove()
+	xdg := make(chan struct{})
+	go func() {
+		defer close(xdg)
+		// Its output would mix with ours; a failure only means no browser opened.
+		_ = exec.CommandContext(cx, "xdg-open", (&neturl.URL{Scheme: "file", Path: path}).String()).Run()
+	}()
+	select {
+	case <-srv.Visited():
+	case <-time.After(redirectTTL):
+	case <-cx.Done():
+	}
+	remove()
+	<-xdg // some xdg-open wait for the browser: until the dashboard stops
 }
 
 // dashSource reads the agent for the dashboard through the control client.

@@ -52,7 +52,13 @@ func runLogs(c *cli.Context) error {
 	if c.NArg() > 1 {
 		return fail(ExitUsage, "usage: deployd logs [APP] [-f] [-n N] [--out|--err] | --rotate [APP] | --flush [APP]")
 	}
-	app := c.Args().First()
+	app, err := appArg(c, c.Args().First())
+	if err != nil {
+		return err
+	}
+	if app == allApps && cfgHasNo(c, allApps) {
+		app = ""
+	}
 	rotate, flush := c.Bool("rotate"), c.Bool("flush")
 	switch {
 	case rotate && flush:
@@ -90,7 +96,7 @@ func runLogs(c *cli.Context) error {
 	if c.Bool("out") || c.Bool("err") {
 		streams = []string{""} // the one asked for, unmarked
 	}
-	err := logStreams(cx, client(c), api.LogsRequest{App: app, Lines: n, Err: c.Bool("err"), Follow: follow}, streams, &p)
+	err = logStreams(cx, client(c), api.LogsRequest{App: app, Lines: n, Err: c.Bool("err"), Follow: follow}, streams, &p)
 	if err == nil && p.failed {
 		return fail(ExitFailed, "")
 	}

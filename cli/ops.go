@@ -34,6 +34,10 @@ func scaleCommand() *cli.Command {
 				}
 				app, n = c.Args().Get(0), c.Args().Get(1)
 			}
+			app, err := appArg(c, app)
+			if err != nil {
+				return err
+			}
 			return runStream(c, "scale", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
 				return cl.Scale(cx, app, n, on)
 			})
@@ -50,12 +54,10 @@ func stopCommand() *cli.Command {
 			"listeners stay open: connections wait in the queue until `deployd start`.",
 		Flags: clientFlags(jsonFlag),
 		Action: func(c *cli.Context) error {
-			if err := exactArgs(c, 1, "APP"); err != nil {
-				return err
-			}
-			app := c.Args().First()
-			return runStream(c, "stop", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
-				return cl.StopApp(cx, app, on)
+			return eachAppArg(c, "APP|all", func(app string) error {
+				return runStream(c, "stop", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+					return cl.StopApp(cx, app, on)
+				})
 			})
 		},
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/workers/nodejs"
 )
 
 // `deployd start FILE -i N` and `deployd delete NAME`, as PM2 users type
@@ -30,10 +31,13 @@ const startHelp = "Two forms:\n" +
 	"                         file, then start it. The rest of the file (comments, layout) is\n" +
 	"                         kept as written; the new table is added at its end.\n\n" +
 	"The PM2 form is taken when the argument is not an app of the config and is a file, or\n" +
-	"when -i, --name, --port or --interpreter is given. .js, .cjs and .mjs files run with node\n" +
+	"when -i, --name, --port, --interpreter or --env-file is given. .js, .cjs and .mjs files run with node\n" +
 	"(its preload maps the app's listen(PORT) onto the agent's socket and drains on reloads;\n" +
 	"without --port, the agent binds the port the app's first listen(PORT) asks for);\n" +
-	"any other file must be executable, or name its interpreter with --interpreter.\n" +
+	"a .ts file with the project's tsx (node --import tsx) or ts-node, or node itself where it\n" +
+	"strips types (22.18+); any other file must be executable, or name its interpreter with\n" +
+	"--interpreter (a path is relative to where you type it). --env-file FILE sets env_file:\n" +
+	"its NAME=value lines (a .env file) reach the workers.\n" +
 	"NAME defaults to FILE without its extension; -i defaults to 1 as in PM2, and -i max\n" +
 	"(or 0) is one worker per CPU, -i -1 all CPUs but one. --port PORT (or PORT in the\n" +
 	"environment) is the port the app listens on: the agent opens it, hands it to every\n" +
@@ -43,6 +47,7 @@ const startHelp = "Two forms:\n" +
 	"          deployd start app.js -i 2 --port 3000\n" +
 	"          deployd start server.js -i max --name api --port 8080 --env production\n" +
 	"          deployd start ./bin/worker --port 9000 -- --verbose\n" +
+	"          deployd start src/server.ts -i 2 --env-file .env\n" +
 	"          deployd start web      # after deployd stop web"
 
 func startCommand() *cli.Command {
@@ -56,7 +61,8 @@ func startCommand() *cli.Command {
 			&cli.StringFlag{Name: "name", Usage: "the app's `NAME` in the config (default: FILE without its extension)"},
 			&cli.IntFlag{Name: "port", Usage: "the `PORT` the app listens on (default: $PORT)"},
 			&cli.StringFlag{Name: "env", Usage: "select the app's env_`ENV` variables (environment = \"ENV\")"},
-			&cli.StringFlag{Name: "interpreter", Usage: "run FILE with `PROG` (default: node for .js, .cjs, .mjs; else FILE itself)"},
+			&cli.StringFlag{Name: "interpreter", Usage: "run FILE with `PROG` (default: node for .js, .cjs, .mjs; the project's tsx or ts-node for .ts; else FILE itself)"},
+			&cli.StringFlag{Name: "env-file", Usage: "the app's variables from `FILE` (NAME=value lines, as .env; env_file in the config)"},
 			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"},
 		),
 		Action: func(c *cli.Context) error {
@@ -74,7 +80,7 @@ func startCommand() *cli.Command {
 // pm2Form reports whether `deployd start ARG` is the PM2 form: a flag
 // only that form has, or an argument that is a file and no app's name.
 func pm2Form(c *cli.Context) bool {
-	for _, f := range []string{"instances", "name", "port", "interpreter"} {
+	for _, f := range []string{"instances", "name", "port", "interpreter", "env-file"} {
 		if c.IsSet(f) {
 			return true
 		}
@@ -109,6 +115,7 @@ type startSpec struct {
 	instances       string
 	port            int
 	env             string
+	envFile         string // absolute
 	node            bool
 	// line is the command the user typed, kept as a comment.
 	line string
@@ -142,9 +149,23 @@ func startFile(c *cli.Context) error {
 	applied, err := applyEdit(c, "start", n.name, path,
 		fmt.Sprintf("%s stays in %s: fix it and run `deployd reload %s`, or `deployd delete %s`", n.name, path, n.name, n.name))
 	if applied && !c.Bool("json") {
-		fmt.Fprintf(c.App.ErrWriter, "%s serves port %d; see it with `deployd ls`, `deployd logs %s -f`, `deployd show %s`\n", n.name, n.port, n.name, n.name)
+		fmt.Fprintf(c.App.ErrWriter, "%s serves %s; see it with `deployd ls`, `deployd logs %s -f`, `deployd show %s`\n", n.name, servedAt(c, n), n.name, n.name)
 	}
 	return err
+}
+
+// servedAt names where the app n started serves: its --port, else the
+// address the agent learnt from the app's own listen, as the agent says.
+func servedAt(c *cli.Context, n *startSpec) string {
+	if n.port > 0 {
+		return fmt.Sprintf("port %d", n.port)
+	}
+	cx, cancel := context.WithTimeout(ctx(c), 5*time.Second)
+	defer cancel()
+	if st, err := client(c).Status(cx, n.name); err == nil && len(st.Apps) == 1 && len(st.Apps[0].Listen) > 0 {
+		return strings.Join(st.Apps[0].Listen, " ")
+	}
+	return "the address its listen() asks for (deployd show " + n.name + " names it)"
 }
 
 // configToEdit is the config file that start, delete and reload --env
@@ -239,10 +260,25 @@ func startSpecOf(c *cli.Context, configPath string) (*startSpec, error) {
 			script = "./" + rel
 		}
 	}
+	if ef := c.String("env-file"); ef != "" {
+		if n.envFile, err = envFileFlag(ef); err != nil {
+			return nil, err
+		}
+	}
 	switch interp := c.String("interpreter"); {
 	case interp != "":
+		// A path is where the user typed it from, not the config's folder.
+		if strings.Contains(interp, "/") && !filepath.IsAbs(interp) {
+			interp = filepath.Join(wd, interp)
+		}
 		n.argv = []string{interp, file}
-		n.node = filepath.Base(interp) == "node"
+		n.node = nodejs.Detect(n.argv)
+	case isTypeScript(file):
+		runner, err := typeScriptRunner(file, wd)
+		if err != nil {
+			return nil, err
+		}
+		n.argv, n.node = append(runner, file), true
 	case isNodeScript(file):
 		n.argv, n.node = []string{"node", file}, true
 	case fi.Mode()&0o111 == 0:
@@ -306,6 +342,9 @@ func (n *startSpec) block() string {
 	fmt.Fprintf(&b, "command   = %s\n", tomlList(n.argv))
 	fmt.Fprintf(&b, "cwd       = %s\n", tomlString(n.cwd))
 	fmt.Fprintf(&b, "instances = %s\n", n.instances)
+	if n.envFile != "" {
+		fmt.Fprintf(&b, "env_file  = %s\n", tomlString(n.envFile))
+	}
 	if n.port > 0 {
 		fmt.Fprintf(&b, "listen    = [\"tcp://0.0.0.0:%d\"]\n", n.port)
 		fmt.Fprintf(&b, "env       = { PORT = \"%d\" }\n", n.port)
@@ -382,4 +421,23 @@ func deleteCommand() *cli.Command {
 			return err
 		},
 	}
+}
+
+// envFileFlag checks start's --env-file and returns it absolute: a regular
+// file (the agent checks its owner and mode when it reads it).
+func envFileFlag(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fail(ExitFailed, "%v", err)
+	}
+	fi, err := os.Lstat(abs)
+	switch {
+	case err != nil:
+		return "", fail(ExitUsage, "--env-file %s: %v", path, errors.Unwrap(err))
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return "", fail(ExitUsage, "--env-file %s is a symbolic link; name the file itself", path)
+	case !fi.Mode().IsRegular():
+		return "", fail(ExitUsage, "--env-file %s is not a regular file", path)
+	}
+	return abs, nil
 }

@@ -104,14 +104,13 @@ func showCommand() *cli.Command {
 			"Example: deployd show web",
 		Flags: clientFlags(jsonFlag),
 		Action: func(c *cli.Context) error {
-			if err := exactArgs(c, 1, "APP"); err != nil {
+			name, err := oneAppArg(c, "APP")
+			if err != nil {
 				return err
 			}
-			name := c.Args().First()
-			path := config.Find(c.String("config"))
-			cfg, cerr := config.Load(path)
+			cfg, path := agentConfig(c) // the agent's file, not ./deployd.toml
 			var app *config.App
-			if cerr == nil {
+			if cfg != nil {
 				app = cfg.Apps[name]
 			}
 			st, err := client(c).Status(ctx(c), name)
@@ -193,7 +192,14 @@ func printShow(w io.Writer, path string, cfg *config.Config, a *config.App, st *
 		for _, l := range a.Listen {
 			ls = append(ls, l.URL)
 		}
-		row("listen", "%s", orNone(strings.Join(ls, " ")))
+		switch {
+		case len(ls) > 0:
+			row("listen", "%s", strings.Join(ls, " "))
+		case st != nil && len(st.Listen) > 0:
+			row("listen", "%s", strings.Join(st.Listen, " "))
+		default:
+			row("listen", "none")
+		}
 		row("ready", "%s within %s; stop %s, then SIGKILL after %s", a.Ready.Raw, a.ReadyTimeout, unix.SignalName(a.StopSignal), a.StopTimeout)
 		env := orNone(a.Environment)
 		if len(a.Environments) > 0 {

@@ -51,6 +51,9 @@ func reloadCommand() *cli.Command {
 			&cli.StringFlag{Name: "env", Usage: "select the env_`ENV` variables of the apps (recorded in the config)"},
 		),
 		Action: func(c *cli.Context) error {
+			if err := checkAgentFile(c); err != nil {
+				return err
+			}
 			if c.IsSet("env") {
 				if err := selectEnv(c, c.String("env"), c.Args().Slice()); err != nil {
 					return err
@@ -64,7 +67,11 @@ func reloadCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			req := api.ReloadRequest{Apps: c.Args().Slice(), Strategy: s, Canary: n}
+			apps, err := appArgs(c, c.Args().Slice())
+			if err != nil {
+				return err
+			}
+			req := api.ReloadRequest{Apps: apps, Strategy: s, Canary: n}
 			return runStream(c, "reload", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
 				return cl.Reload(cx, req, on)
 			})
@@ -82,12 +89,10 @@ func restartCommand() *cli.Command {
 			"use `deployd reload` for a zero-downtime replacement.",
 		Flags: clientFlags(jsonFlag, &cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"}),
 		Action: func(c *cli.Context) error {
-			if err := exactArgs(c, 1, "APP"); err != nil {
-				return err
-			}
-			app := c.Args().First()
-			return runStream(c, "restart", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
-				return cl.Restart(cx, app, on)
+			return eachAppArg(c, "APP|all", func(app string) error {
+				return runStream(c, "restart", func(cx context.Context, cl *api.Client, on func(api.Event)) (*api.Result, error) {
+					return cl.Restart(cx, app, on)
+				})
 			})
 		},
 	}
@@ -203,8 +208,9 @@ func printSummary(w io.Writer, verb string, res *api.Result) {
 
 func shutdownCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "shutdown",
-		Usage: "stop every worker gracefully and stop the agent",
+		Name:    "shutdown",
+		Aliases: []string{"kill"},
+		Usage:   "stop every worker gracefully and stop the agent",
 		Description: "Waits until the agent has stopped its workers and exited (so that a new\n" +
 			"`deployd agent` can start right after), up to --timeout.",
 		Flags: clientFlags(

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/deployd/deployd/internal/sockdiag"
 )
 
 // AddrInUseError is a listen address another process holds. It matches
@@ -40,29 +41,13 @@ func (e *AddrInUseError) Unwrap() error { return e.Err }
 // that has "socket:[inode]" among its /proc/PID/fd (other users' processes
 // are visible only to root).
 func Holder(network, address string) string {
-	inodes := listeningInodes(network, address)
-	if len(inodes) == 0 {
-		return ""
-	}
-	pids, _ := filepath.Glob("/proc/[0-9]*/fd")
-	for _, fdDir := range pids {
-		fds, err := os.ReadDir(fdDir)
-		if err != nil {
-			continue
-		}
-		for _, fd := range fds {
-			link, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
-			if err != nil || !strings.HasPrefix(link, "socket:[") {
-				continue
-			}
-			if inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] {
-				pid := filepath.Base(filepath.Dir(fdDir))
-				comm, _ := os.ReadFile(filepath.Join("/proc", pid, "comm"))
-				return fmt.Sprintf("%s (pid %s)", strings.TrimSpace(string(comm)), pid)
-			}
+	inodes := map[uint64]bool{}
+	for ino := range listeningInodes(network, address) {
+		if v, err := strconv.ParseUint(ino, 10, 64); err == nil {
+			inodes[v] = true
 		}
 	}
-	return ""
+	return sockdiag.Holder(inodes)
 }
 
 // listeningInodes returns the inodes of the listening sockets on address.

@@ -220,8 +220,8 @@ func removeStaleUnix(path string) error {
 		c.Close()
 		return &AddrInUseError{URL: "unix://" + path, Holder: Holder("unix", path)}
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket %s: %w", path, err)
+	if err := RemoveSocketFile(path); err != nil {
+		return fmt.Errorf("listen unix %s: a stale socket is in the way: %w", path, err)
 	}
 	return nil
 }

@@ -114,16 +114,37 @@ func (p *Pidfd) Wait() error {
 // p.Wait's *os.ProcessState (exit status, rusage). The wait is a pidfd in
 // Go's poller: no OS thread is blocked in waitid while the worker runs (one
 // per worker otherwise). p.Wait then finds a zombie and returns at once.
-// Without pidfds (Linux < 5.3, a seccomp filter) it is p.Wait alone.
+// Without pidfds (Linux < 5.3, a seccomp filter) a thread waits instead.
 func WaitChild(p *os.Process) (*os.ProcessState, error) {
-	// A child cannot be reaped by anyone else, so its pid stays its own
-	// until p.Wait: the pidfd cannot name another process.
+	_ = AwaitExit(p) // on an error, p.Wait below blocks instead
+	return p.Wait()
+}
+
+// AwaitExit waits until p, a child of the caller, has exited, and leaves
+// it unreaped (a zombie) for the caller's p.Wait: until then its pid, and
+// the process group of that id, cannot be anyone else's, so what needs the
+// pid (its group's members, its unit's sweep) is done in between. The wait
+// is a pidfd in Go's poller; without pidfds, waitid with WNOWAIT (an OS
+// thread blocked while the child runs).
+func AwaitExit(p *os.Process) error {
 	if fd, err := unix.PidfdOpen(p.Pid, unix.PIDFD_NONBLOCK); err == nil {
 		pf := &Pidfd{pid: p.Pid, f: os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(p.Pid))}
-		_ = pf.Wait() // on an error, p.Wait below blocks instead
+		err := pf.Wait()
 		pf.Close()
+		if err == nil {
+			return nil
+		}
 	}
-	return p.Wait()
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, p.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			if err != nil {
+				return fmt.Errorf("wait for pid %d: %w", p.Pid, err)
+			}
+			return nil
+		}
+	}
 }
 
 // Signal sends sig to the process itself (never to a reused pid).

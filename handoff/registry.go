@@ -3,7 +3,6 @@ package handoff
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -194,7 +193,15 @@ func (r *Registry) releaseLocked(key string) {
 	e.l.Shutdown()
 	e.l.Close()
 	if e.l.Network == "unix" {
-		_ = os.Remove(e.l.Address)
+		r.removeFileLocked(e.l.Address)
+	}
+}
+
+// removeFileLocked removes a unix listener's socket file, never through a
+// link (RemoveSocketFile): its folder may be one an app's user can change.
+func (r *Registry) removeFileLocked(path string) {
+	if err := RemoveSocketFile(path); err != nil {
+		r.log.Warn("socket file left in place", "path", path, "error", err)
 	}
 }
 
@@ -291,7 +298,7 @@ func (r *Registry) RemoveSocketFiles() {
 	defer r.mu.Unlock()
 	for _, e := range r.byKey {
 		if e.l.Network == "unix" && !e.l.Inherited {
-			_ = os.Remove(e.l.Address)
+			r.removeFileLocked(e.l.Address)
 		}
 	}
 }

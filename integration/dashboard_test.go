@@ -220,24 +220,41 @@ func newReady(old []int) string {
 	})()`, b)
 }
 
-// chromiumPath finds Debian's Chromium.
+// chromiumPath finds Debian's Chromium, or skips the test.
 func chromiumPath(t *testing.T) string {
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
+	if p := lookChromium(); p != "" {
+		return p
 	}
 	skipOrFail(t, "no Chromium (apt-get install chromium)")
 	return ""
 }
 
-// startDashboard runs `deployd dashboard` against a and returns the URL it
-// prints; it is stopped (SIGINT) when the test ends.
+// lookChromium returns the path of Chromium, "" if there is none.
+func lookChromium() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// startDashboard runs `deployd dashboard --no-open` against a and returns
+// the URL it prints; it is stopped (SIGINT) when the test ends.
 func startDashboard(t *testing.T, a *Agent) string {
 	t.Helper()
-	cmd := exec.Command(bins.Deployd, "dashboard", "--no-open")
+	url, _ := runDashboardCmd(t, a, nil, "--no-open")
+	return url
+}
+
+// runDashboardCmd runs `deployd dashboard args...` against a with the
+// test's clean environment and env, and returns the URL it prints and its
+// pid; it is stopped (SIGINT, exit 0 expected) when the test ends.
+func runDashboardCmd(t *testing.T, a *Agent, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(bins.Deployd, append([]string{"dashboard"}, args...)...)
 	cmd.Dir = a.Dir
-	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
+	cmd.Env = append(CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config), env...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
@@ -273,13 +290,13 @@ func startDashboard(t *testing.T, a *Agent) string {
 	})
 	select {
 	case u := <-urlc:
-		return u
+		return u, cmd.Process.Pid
 	case <-exited:
 		t.Fatal("deployd dashboard exited before it printed its URL")
 	case <-time.After(30 * time.Second):
 		t.Fatal("deployd dashboard printed no URL within 30s")
 	}
-	return ""
+	return "", 0
 }
 
 func httpCode(t *testing.T, u string) int {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/failpoint"
 )
 
 // Binaries are the programs a test run builds once.
@@ -534,12 +535,14 @@ func (a *Agent) run(cred *syscall.Credential, dir string, d time.Duration, args 
 }
 
 // CleanEnv is the environment the tests give deployd and its workers: PATH,
-// HOME and TMPDIR of the caller, then extra — nothing else, so a variable of
+// HOME and TMPDIR of the caller, the stress knobs .ci/stress sets (fault
+// timings shifted on purpose), then extra — nothing else, so a variable of
 // the caller's (DEPLOYD_LOG_FORMAT=json, NOTIFY_SOCKET, LISTEN_FDS under
-// systemd, DEPLOYD_SOCKET) cannot change what the tests check.
+// systemd, DEPLOYD_SOCKET) cannot change what the tests check. A test's own
+// value in extra wins (exec keeps the last of a name).
 func CleanEnv(extra ...string) []string {
 	var env []string
-	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
+	for _, k := range []string{"PATH", "HOME", "TMPDIR", failpoint.EnvSignalDelay, failpoint.EnvHandoffHold} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}

@@ -299,10 +299,11 @@ func checkLogsOfEveryApp(t *testing.T, a *Agent, want int) {
 }
 
 // mountTmpfs mounts a tmpfs of size on dir, unmounted when the test ends
-// (after what later cleanups do), or skips the test.
+// (after what later cleanups do), or skips the test. Its root is mode 0755
+// (a tmpfs is 1777 by default, a log_dir the agent refuses).
 func mountTmpfs(t *testing.T, dir, size string) {
 	t.Helper()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0755", "tmpfs", dir).CombinedOutput(); err != nil {
 		skipOrFail(t, fmt.Sprintf("cannot mount a tmpfs for a full log_dir (needs root and CAP_SYS_ADMIN): %v: %s", err, bytes.TrimSpace(out)))
 	}
 	t.Cleanup(func() {

@@ -280,11 +280,8 @@ func servingPIDs(st *api.Status) map[int]int {
 func TestAgentKillWithSteeredPool(t *testing.T) {
 	needSteering(t)
 	port := FreePort(t)
-	const instances = 2
-	extra := `balance = "even"`
-	a := NewAgentDir(t, bins, versionedApp(port, instances, "v1", "", extra))
-	a.Start()
-	a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	const instances, extra = 2, steeredEven
+	a := startSteered(t, port, instances)
 	stop := startLoad(t, port, 8, 2*time.Minute)
 	// A blue-green reload first: the second half of the steering map is
 	// live when the agent dies.
@@ -294,16 +291,7 @@ func TestAgentKillWithSteeredPool(t *testing.T) {
 	}
 	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
 	before := allWorkerPIDs(st)
-	pid := a.PID()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	waitExited(t, pid, 10*time.Second)
-	a.Start()
-	st = a.WaitFor("workers adopted", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
-	if now := allWorkerPIDs(st); fmt.Sprint(keys(now)) != fmt.Sprint(keys(before)) {
-		t.Fatalf("workers %v, before the kill %v: not adopted\n%s", keys(now), keys(before), a.Log())
-	}
+	adoptAfterAgentKill(t, a, before, instances)
 	a.WriteConfig(versionedApp(port, instances, "v1", "", extra))
 	if r := a.CLI("reload", "web"); r.Code != 0 {
 		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())

@@ -40,7 +40,7 @@ func (s *Store) writeRecord(rel *Release) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("record release: %w", err)
 	}
-	if err := atomicfile.WriteFile(p, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFileNoSymlinks(p, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("record release: %w", err)
 	}
 	return nil
@@ -69,10 +69,10 @@ func (s *Store) read(app, version string) (*Release, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("%s is not a folder deployd installed", dir)
 	}
-	b, err := boundedfile.ReadFile(s.recordPath(app, version), boundedfile.Options{Max: maxRecord, NoFollow: true})
+	b, err := boundedfile.ReadFile(s.recordPath(app, version), boundedfile.Options{Max: maxRecord, NoSymlinks: true})
 	migrate := errors.Is(err, fs.ErrNotExist)
 	if migrate {
-		b, err = boundedfile.ReadFile(filepath.Join(dir, legacyRecord), boundedfile.Options{Max: maxRecord, NoFollow: true})
+		b, err = boundedfile.ReadFile(filepath.Join(dir, legacyRecord), boundedfile.Options{Max: maxRecord, NoSymlinks: true})
 	}
 	if err != nil {
 		return nil, err

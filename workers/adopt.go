@@ -49,6 +49,7 @@ func (s *Supervisor) AdoptPool(pool *PoolHandover, hs []*Handover) error {
 	counters := map[int]*Handover{}
 	gone := map[int]bool{} // handed over, no longer running
 	var retire []*Worker
+	var took []adoption
 	for _, h := range hs {
 		match := h.Identity == id && h.Slot >= 0 && h.Slot < spec.Instances && adopted[h.Slot] == nil
 		wspec := spec
@@ -57,7 +58,7 @@ func (s *Supervisor) AdoptPool(pool *PoolHandover, hs []*Handover) error {
 			ws.StopSignal, ws.StopTimeout, ws.Node = h.StopSignal, h.StopTimeout, nil
 			wspec = &ws
 		}
-		w, err := adoptWorker(s.args(), wspec, h)
+		w, c, err := adoptWorker(s.args(), wspec, h)
 		if err != nil {
 			s.log.Warn("worker of the previous agent not adopted", "worker", h.Slot, "pid", h.PID, "error", err)
 			if match {
@@ -65,6 +66,7 @@ func (s *Supervisor) AdoptPool(pool *PoolHandover, hs []*Handover) error {
 			}
 			continue
 		}
+		took = append(took, adoption{w, wspec, c, h.Pending})
 		if !match {
 			s.log.Info("retiring a worker of the previous agent: its spec differs", "worker", h.Slot, "pid", h.PID)
 			retire = append(retire, w)
@@ -72,6 +74,7 @@ func (s *Supervisor) AdoptPool(pool *PoolHandover, hs []*Handover) error {
 		}
 		adopted[h.Slot], counters[h.Slot] = w, h
 	}
+	serveAdopted(s.args(), took)
 	o.change(func(st *state) {
 		st.leftovers = retire
 		st.adopted = map[*Worker]bool{}
@@ -309,27 +312,59 @@ func (o *op) takeOverExited(sl *slot, spec *Spec, ps *SlotHandover, gone, errore
 	})
 }
 
+// adoption is a worker adopted and not served yet.
+type adoption struct {
+	w       *Worker
+	spec    *Spec
+	c       *channels
+	pending map[string][]byte
+}
+
+// serveAdopted starts the adopted workers' goroutines, once every journal
+// of theirs is settled (logs.Journal.Settle): an append a dead agent tore
+// at the end of a log file can be cut off only while nothing follows it,
+// and every worker of an app writes to the same files, so no reader may
+// start before the last journal is settled.
+func serveAdopted(a spawnArgs, took []adoption) {
+	for _, ad := range took {
+		for _, p := range []struct {
+			j    *logs.Journal
+			sink *logs.Sink
+		}{{ad.c.outJ, a.out}, {ad.c.errJ, a.err}} {
+			if p.j == nil {
+				continue
+			}
+			if err := p.j.Settle(p.sink); err != nil && a.log != nil {
+				a.log.Warn("cannot settle a journal of an adopted worker", "pid", ad.w.PID, "error", err)
+			}
+		}
+	}
+	for _, ad := range took {
+		ad.w.serve(a, ad.spec, ad.c, ad.pending)
+	}
+}
+
 // adoptWorker makes a Worker of a process a previous agent started, after
-// checking through a pidfd that it is still that process. On error h's
-// files are closed.
-func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
+// checking through a pidfd that it is still that process; serveAdopted
+// starts its goroutines. On error h's files are closed.
+func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, *channels, error) {
 	pfd, err := handoff.OpenPidfd(h.PID, h.StartTime)
 	if err != nil {
 		h.closeFiles(true)
-		return nil, err
+		return nil, nil, err
 	}
 	nf, out, errR := h.files["notify"], h.files["out"], h.files["err"]
 	if nf == nil || out == nil || errR == nil {
 		pfd.Close()
 		h.closeFiles(true)
-		return nil, fmt.Errorf("pid %d: its notify socket or output pipes did not cross", h.PID)
+		return nil, nil, fmt.Errorf("pid %d: its notify socket or output pipes did not cross", h.PID)
 	}
 	notify, err := handoff.NotifyFromFile(nf)
 	nf.Close()
 	if err != nil {
 		pfd.Close()
 		h.closeFiles(true)
-		return nil, err
+		return nil, nil, err
 	}
 	c := &channels{notify: notify, outR: out, errR: errR}
 	c.adoptJournals(a, h)
@@ -364,8 +399,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, error) {
 	if h.Unit != nil {
 		w.unit = procunit.Reopen(*h.Unit)
 	}
-	w.serve(a, spec, c, h.Pending)
-	return w, nil
+	return w, c, nil
 }
 
 // adoptJournals takes the journals that crossed with h (logs.OpenJournal);

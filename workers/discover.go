@@ -15,8 +15,9 @@ var ErrNoListen = errors.New("the app did not listen")
 // has no listen list: it runs one worker of spec without listeners, with
 // the preload in discovery mode, which reports the app's first
 // listen(port) or listen(path) and exits before the app serves anything.
-// It returns that address (tcp://HOST:PORT or unix:///PATH) for the agent
-// to bind and pass to every worker, the way a configured one is. The run
+// It returns that address (tcp://HOST:PORT or unix:///PATH), as the app's
+// code asked for it and read from the preload's own channel only: input
+// the agent puts to its address policy before it binds anything. The run
 // is bounded by spec.ReadyTimeout; its output goes to the app's logs. It
 // changes nothing the supervisor keeps, and may run beside an operation.
 func (s *Supervisor) Discover(spec *Spec) (string, error) {

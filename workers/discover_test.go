@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,7 +52,6 @@ func TestDiscoverReportsTheAppsListen(t *testing.T) {
 		{"'8080'", "tcp://0.0.0.0:8080"},
 		{"4000, 'localhost'", "tcp://127.0.0.1:4000"},
 		{"{port: 4001, host: '127.0.0.2'}", "tcp://127.0.0.2:4001"},
-		{"'/tmp/x/app.sock'", "unix:///tmp/x/app.sock"},
 	} {
 		js := "require('http').createServer((q, r) => r.end('hi')).listen(" + c.listen +
 			", () => { console.log('SERVING'); });\nsetInterval(() => {}, 1000);\n"
@@ -61,6 +61,27 @@ func TestDiscoverReportsTheAppsListen(t *testing.T) {
 		if err != nil || got != c.want {
 			t.Errorf("listen(%s): Discover = %q, %v; want %q", c.listen, got, err, c.want)
 		}
+	}
+}
+
+// A listen on a unix socket the config does not name is the app's own
+// (tsx's IPC pipe in its parent process): it binds it itself, and the
+// discovery reports the port it serves after it.
+func TestDiscoverLeavesTheAppsOwnUnixSocket(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "own.sock")
+	js := "const net = require('net');\n" +
+		"net.createServer(() => {}).listen(" + strconv.Quote(sock) + ", () => {\n" +
+		"  require('http').createServer((q, r) => r.end('hi')).listen(3002);\n" +
+		"});\nsetInterval(() => {}, 1000);\n"
+	spec := nodeDiscoverSpec(t, js)
+	s := newSupervisor(t, spec)
+	got, err := s.Discover(spec)
+	if err != nil || got != "tcp://0.0.0.0:3002" {
+		t.Errorf("Discover = %q, %v; want the port after the app's own unix socket", got, err)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("the app's own unix socket was not bound by the app: %v", err)
 	}
 }
 

@@ -48,6 +48,7 @@ func (o *op) drainInBackground(d *drain) {
 	w := d.w
 	o.step(Event{Type: EventDraining, Slot: w.Slot, PID: w.PID, Release: w.Release}, nil)
 	t := time.Now()
+	w.quiet(o.s.log)
 	killAt := w.askStop(Draining)
 	go func() {
 		defer close(d.done)
@@ -96,7 +97,7 @@ func (o *op) awaitStopAccepting() {
 		}
 	}(time.Now().Add(wait))
 	for _, d := range o.drains {
-		socks := listenerInodes(d.w.spec)
+		socks := servingInodes(d.w.spec) // a dead agent's steering group too
 		for !d.w.stoppedAccepting() && holdsListener(d.w.PID, socks) {
 			select {
 			case <-d.done:

@@ -111,6 +111,9 @@ func readyHint(spec *Spec) string {
 	case ReadyNodeIPC:
 		return `; with ready = "node-ipc" the app must call process.send('ready') once it listens: check that it does, and that node runs the app itself (not through npm or a shell)`
 	case ReadyNotify:
+		if spec.Node != nil {
+			return nodeReadyHint(spec)
+		}
 		return `; with ready = "notify" the app must send READY=1 to $NOTIFY_SOCKET (sd_notify) once it listens`
 	case ReadyBind:
 		return `; with ready = "bind" (the default where the agent answers the app's binds) the app must bind the port of every TCP listen ` +
@@ -124,4 +127,19 @@ func readyHint(spec *Spec) string {
 			spec.Ready.Path, spec.Ready.Path, handoff.HealthFDName)
 	}
 	return ""
+}
+
+// nodeReadyHint is readyHint for a Node.js app: its preload reports it
+// ready once the app's own listen() serves every configured listener, so
+// the app never listened on one of them.
+func nodeReadyHint(spec *Spec) string {
+	addrs := make([]string, 0, len(spec.Listeners))
+	for _, l := range spec.Listeners {
+		addrs = append(addrs, l.Key())
+	}
+	if len(addrs) == 0 {
+		return "; the Node.js app never called listen(): a server must listen (server.listen(PORT)) for deployd to know it is ready"
+	}
+	return "; the Node.js app did not call listen() on " + strings.Join(addrs, ", ") +
+		" (deployd's preload reports it ready once its own listen serves each of them): check the port it listens on, or its start-up output below"
 }

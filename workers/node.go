@@ -4,10 +4,12 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers/logs"
 	"github.com/deployd/deployd/workers/nodejs"
 )
@@ -55,7 +57,8 @@ func prepareNode(spec *Spec, env []string, health *os.File, direct bool) (*nodeS
 }
 
 // readNode reads the preload's sd_notify lines until EOF (every process
-// holding the channel has exited). READY=1 counts only with ready = "notify",
+// holding the channel has exited). LISTEN= counts in a discovery run only
+// (takeAsked). READY=1 counts only with ready = "notify",
 // NODE_IPC=ready only with ready = "node-ipc"; ERROR= becomes the worker's
 // status, which status shows.
 func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
@@ -70,12 +73,31 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
 			if ready.Mode == ReadyNodeIPC && msg["NODE_IPC"] == "ready" {
 				msg["READY"] = "1" // process.send('ready') of an app under npm start
 			}
+			if v, ok := msg["LISTEN"]; ok {
+				w.takeAsked(v)
+				delete(msg, "LISTEN")
+			}
 			if e, ok := msg["ERROR"]; ok {
 				msg["STATUS"] = strings.TrimPrefix(e, "deployd: ")
 			}
 			w.onNotify(msg)
 		})
 	})
+}
+
+// takeAsked records the first LISTEN= of a discovery run: the address the
+// app's code asked for, which the agent's address policy then judges.
+// Only the preload's channel carries it; a LISTEN= of a worker that is not
+// a discovery run is dropped.
+func (w *Worker) takeAsked(v string) {
+	if w.spec == nil || w.spec.Node == nil || !w.spec.Node.Discover {
+		return
+	}
+	w.mu.Lock()
+	if w.asked == nil {
+		w.asked = &v
+	}
+	w.mu.Unlock()
 }
 
 // nodeWorker is the node side of a Worker. Through `npm start` the main
@@ -90,29 +112,55 @@ type nodeWorker struct {
 	indirect bool
 }
 
-func (n *nodeWorker) signal(pid int, sig syscall.Signal) {
-	if n.indirect {
-		pid = -pid
-	}
-	_ = syscall.Kill(pid, sig)
-}
+// nodeUnitPoll is how often await looks whether a process of the unit
+// still runs: the channel may be held open by a process outside it (one
+// the app passed it to), whose copy must not hold up the stop.
+const nodeUnitPoll = 50 * time.Millisecond
 
-// await waits until the channel is closed by every process, at most grace.
-// With node as the main process its exit is the app's: no wait.
-func (n *nodeWorker) await() {
+// await waits until the channel is closed by every process, at most grace,
+// and no longer than some process of the worker's unit u (nil: none known)
+// runs. With node as the main process its exit is the app's: no wait.
+func (n *nodeWorker) await(u *procunit.Unit) {
 	if !n.indirect {
 		return
 	}
 	t := time.NewTimer(max(n.grace, time.Second))
 	defer t.Stop()
-	select {
-	case <-n.done:
-	case <-t.C:
+	tick := time.NewTicker(nodeUnitPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+			return
+		case <-tick.C:
+			if u != nil && len(u.Procs()) == 0 {
+				return
+			}
+		}
 	}
 }
 
 func closeFiles(fs ...*os.File) {
 	for _, f := range fs {
 		f.Close()
+	}
+}
+
+// ignoreListen drops a LISTEN= that came on NOTIFY_SOCKET, which any
+// process of the worker can reach: the address an app's code asks for is
+// taken from the preload's channel only, and is judged even then. It
+// warns once (*warned).
+func ignoreListen(log hclog.Logger, msg handoff.Notify, pid int, warned *bool) {
+	v, ok := msg["LISTEN"]
+	if !ok {
+		return
+	}
+	delete(msg, "LISTEN")
+	if log != nil && !*warned {
+		*warned = true
+		log.Warn("ignored LISTEN= on NOTIFY_SOCKET: only the Node.js preload's own channel reports an address",
+			"pid", pid, "listen", v)
 	}
 }

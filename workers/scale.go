@@ -81,6 +81,7 @@ func (o *op) drainSlots(gone []*slot, report bool) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			w.quiet(o.s.log) // its slot left the steering map first (steerPool)
 			o.stopWorker(sl, w, Draining, report)
 		}()
 	}

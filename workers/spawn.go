@@ -315,11 +315,13 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	w.pz.add(c.notify)
 	go func() {
 		defer notifyDone.Done()
+		warnedListen := false // one warning per worker: the app may repeat it at will
 		w.pz.run("notify", func([]byte) ([]byte, error) {
 			return nil, c.notify.Serve(func(_, from int, msg handoff.Notify) {
 				// Only the worker's user (or root) may speak for it: a
 				// fallback abstract socket's name is visible to every user.
 				if from == uid || from == 0 {
+					ignoreListen(a.log, msg, w.PID, &warnedListen)
 					if spec.Ready.Mode == ReadyHTTP {
 						delete(msg, "READY") // only the health path says ready
 					}
@@ -334,7 +336,10 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	w.pz.add(c.errR)
 	go w.capture(&readers, "out", c.outR, c.outJ, a.out, a.app, spec.Ready)
 	go w.capture(&readers, "err", c.errR, c.errJ, a.err, a.app, spec.Ready)
-	pipes := []*os.File{c.outR, c.errR}
+	// chans are the channels read until the worker is drained, pipes
+	// every end closed then (the journals too).
+	chans := []*os.File{c.outR, c.errR}
+	var pipes []*os.File
 	for name, j := range map[string]*logs.Journal{"outj": c.outJ, "errj": c.errJ} {
 		if j != nil {
 			w.ends[name] = j.File()
@@ -346,7 +351,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		w.pz.add(c.ipc.Parent)
 		w.ends["ipc"] = c.ipc.Parent
 		go w.readIPC(&readers, c.ipc.Parent)
-		pipes = append(pipes, c.ipc.Parent)
+		chans = append(chans, c.ipc.Parent)
 	}
 	if c.node != nil {
 		w.node = &nodeWorker{done: make(chan struct{}), grace: spec.StopTimeout, indirect: spec.Node.Indirect}
@@ -354,13 +359,14 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		w.pz.add(c.node.ch.Parent)
 		w.ends["node"] = c.node.ch.Parent
 		go w.readNode(&readers, c.node.ch.Parent, spec.Ready)
-		pipes = append(pipes, c.node.ch.Parent)
+		chans = append(chans, c.node.ch.Parent)
 	}
+	pipes = append(pipes, chans...)
 	if spec.Ready.Mode == ReadyDelay && !w.isReady() {
 		go w.readyAfterDelay(max(spec.Ready.Delay-time.Since(w.Started), 0))
 	}
 	go func() {
-		w.wait(a.log, &readers, pipes)
+		w.wait(a.log, &readers, chans, pipes)
 		w.trap.close()
 		stopHealth()
 		c.notify.Close()

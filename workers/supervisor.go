@@ -53,8 +53,11 @@ type Spec struct {
 	MinReady    time.Duration
 	StopSignal  syscall.Signal
 	StopTimeout time.Duration
-	Restart     RestartPolicy
-	MaxSurge    int
+	// QuietTimeout bounds the quiet phase before the stop signal of a
+	// worker with sockets of its own (quiet.go); 0 turns it off.
+	QuietTimeout time.Duration
+	Restart      RestartPolicy
+	MaxSurge     int
 	// MaxMemory (bytes) and Watchdog, when > 0, make the supervisor replace
 	// a worker over the limit or silent for longer, the graceful way.
 	MaxMemory int64

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/internal/failpoint"
 	"github.com/deployd/deployd/internal/procunit"
 )
 
@@ -69,7 +70,8 @@ func (s *Supervisor) Processes() []Process {
 
 // Retire stops a process that a dead agent left running, if it is still
 // that process (pid and start time): its stop signal, then after its stop
-// timeout SIGKILL to its process group. It returns when the process is gone;
+// timeout SIGKILL to it and its process group (each process through a
+// checked pidfd). It returns when the process is gone;
 // ErrNotSameProcess (wrapped) when it was gone already. Either way, what is
 // left of its unit (p.Unit: daemons it started) is killed then, and
 // returned, and its cgroup removed.
@@ -111,6 +113,7 @@ func retire(p Process) error {
 	if sig == 0 {
 		sig = syscall.SIGTERM
 	}
+	failpoint.DelaySignal() // a stress run's late signal; nothing otherwise
 	_ = pfd.Signal(sig)
 	done := make(chan error, 1)
 	go func() { done <- pfd.Wait() }()
@@ -121,10 +124,15 @@ func retire(p Process) error {
 		return err
 	case <-t.C:
 	}
+	// The group too: children left behind, each through a pidfd and only
+	// while the leader still holds its pid (not the group id: the leader is
+	// not our child, and once its parent reaps it the id may be anyone's).
+	g := processGroup(p.PID, p.StartTime)
+	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
+	_ = g.Kill(ctx)
+	cancel()
+	g.Close()
 	_ = pfd.Signal(syscall.SIGKILL)
-	// The group too: children left behind. Only while the leader is the
-	// recorded process (its pidfd not yet readable) is the group id its.
-	_ = syscall.Kill(-p.PID, syscall.SIGKILL)
 	if err := <-done; err != nil && !errors.Is(err, handoff.ErrNotSameProcess) {
 		return err
 	}

@@ -28,35 +28,51 @@ import (
 const sweepTimeout = 5 * time.Second
 
 // sweep kills what the worker left running once its main process exited
-// (exitedAt) and was reaped, and logs each process it killed; then its
-// process group, the whole of what a worker without a unit has.
+// (exitedAt), before it is reaped (wait), and logs each process it killed.
 func (w *Worker) sweep(log hclog.Logger, exitedAt time.Time) {
-	w.closeEscaped()
-	if w.unit != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
-		left, err := w.unit.End(ctx)
-		cancel()
-		cause := "crash"
-		if s := w.State(); s == Draining || s == Stopping {
-			cause = "stop"
-		}
-		if log != nil {
-			for _, p := range left {
-				log.Warn("worker exited and left a process running; killed it", "worker", w.Slot,
-					"worker_pid", w.PID, "pid", p.PID, "command", p.Name, "cause", cause,
-					"tracked_by", w.unit.Mode(), "after", time.Since(exitedAt).Round(time.Microsecond))
-			}
-			if len(left) > 0 && cause == "crash" {
-				log.Warn("killed what the crashed worker left running before its slot restarts", "worker", w.Slot,
-					"worker_pid", w.PID, "processes", len(left))
-			}
-			if err != nil {
-				log.Error("worker left processes that could not be killed", "worker", w.Slot, "worker_pid", w.PID,
-					"error", err)
-			}
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
+	left := w.killEscaped(ctx)
+	u := w.groupUnit()
+	more, err := u.End(ctx)
+	cancel()
+	left = append(left, more...)
+	if log == nil {
+		return
 	}
-	w.killGroup()
+	cause := "crash"
+	if s := w.State(); s == Draining || s == Stopping {
+		cause = "stop"
+	}
+	for _, p := range left {
+		log.Warn("worker exited and left a process running; killed it", "worker", w.Slot,
+			"worker_pid", w.PID, "pid", p.PID, "command", p.Name, "cause", cause,
+			"tracked_by", u.Mode(), "after", time.Since(exitedAt).Round(time.Microsecond))
+	}
+	if len(left) > 0 && cause == "crash" {
+		log.Warn("killed what the crashed worker left running before its slot restarts", "worker", w.Slot,
+			"worker_pid", w.PID, "processes", len(left))
+	}
+	if err != nil {
+		log.Error("worker left processes that could not be killed", "worker", w.Slot, "worker_pid", w.PID,
+			"error", err)
+	}
+}
+
+// groupUnit is the worker's unit; for a worker adopted from an agent that
+// recorded none, its process group alone (processGroup).
+func (w *Worker) groupUnit() *procunit.Unit {
+	if w.unit != nil {
+		return w.unit
+	}
+	return processGroup(w.PID, w.startTime)
+}
+
+// processGroup is the process group that pid leads as a unit of its own:
+// its members count only while pid is still the process that started at
+// start (running, or exited and not reaped), and each is signalled through
+// a pidfd checked once open, never through the group id.
+func processGroup(pid int, start uint64) *procunit.Unit {
+	return procunit.Reopen(procunit.Record{PGID: pid, Since: start})
 }
 
 // unitRecord describes the worker's unit for the next agent, nil without.
@@ -165,16 +181,29 @@ func (w *Worker) endEscaped(until time.Time, log hclog.Logger) {
 	}
 }
 
-// closeEscaped closes the pidfds endEscaped did not (a worker that exited
-// first: the sweep kills what is left).
-func (w *Worker) closeEscaped() {
+// killEscaped SIGKILLs, once the worker exited, the escaped processes that
+// endEscaped did not end (those that got its stop signal), through their
+// pidfds, and waits until they are gone (at most until ctx ends). One that
+// is exiting from the stop signal is past the unit's sweep (its
+// environment is gone) but not gone yet. It returns those it killed.
+func (w *Worker) killEscaped(ctx context.Context) []procunit.Proc {
 	w.mu.Lock()
 	es := w.escaped
 	w.escaped = nil
 	w.mu.Unlock()
+	var killed []procunit.Proc
 	for _, e := range es {
+		if !exitedWithin(e.fd, 0) {
+			_ = unix.PidfdSendSignal(e.fd, unix.SIGKILL, nil, 0)
+			killed = append(killed, e.Proc)
+		}
+	}
+	deadline, _ := ctx.Deadline()
+	for _, e := range es {
+		exitedWithin(e.fd, time.Until(deadline))
 		unix.Close(e.fd)
 	}
+	return killed
 }
 
 // exitedWithin reports whether the process of pidfd fd exits within d.

@@ -1,15 +1,11 @@
 package workers
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/handoff"
@@ -45,6 +41,12 @@ type Worker struct {
 	spec *Spec
 
 	proc *os.Process // nil for an adopted worker
+	// reapMu orders the reap of our own worker (reap) with the signals to
+	// its process group (signalGroup): the group's id is the worker's pid,
+	// which is its own only until it is reaped. reaped is set under it
+	// just before the reap.
+	reapMu sync.Mutex
+	reaped bool
 	// pidfd watches and signals an adopted worker (started by the
 	// previous agent: not our child); startTime (/proc/PID/stat field 22)
 	// tells it from a process that reuses its pid.
@@ -79,7 +81,7 @@ type Worker struct {
 	mu        sync.Mutex
 	state     State
 	readyAt   time.Time
-	asked     *string // a discovery run's LISTEN= (the address the app asked for)
+	asked     *string // a discovery run's LISTEN= on the preload's channel (takeAsked)
 	status    string  // sd_notify STATUS=
 	watchdog  time.Time
 	exitErr   error
@@ -105,9 +107,6 @@ type Worker struct {
 	// trap answers the worker's binds (Spec.BindTrap; bindtrap.go). Set
 	// before serve.
 	trap *workerTrap
-	// lines counts the output lines captured; wait watches it to tell a
-	// worker's output still draining from a pipe held open by an escaped child.
-	lines atomic.Int64
 }
 
 // Ready is closed when the worker reported ready.
@@ -218,11 +217,6 @@ func (w *Worker) stoppedAccepting() bool {
 	return w.saidStopping
 }
 
-// killGroup sends SIGKILL to the worker's whole process group.
-func (w *Worker) killGroup() {
-	_ = syscall.Kill(-w.PID, syscall.SIGKILL)
-}
-
 // stop asks the worker to stop with its spec's stop signal and waits up to
 // its stop timeout; then the process group is killed. Returns when the
 // worker is gone. Safe to call more than once and concurrently.
@@ -258,94 +252,6 @@ func (w *Worker) awaitStop(killAt time.Time) {
 	}
 }
 
-// signal sends sig to the worker: to its group for a node app started
-// through npm, through the pidfd for an adopted one.
-func (w *Worker) signal(sig syscall.Signal) {
-	switch {
-	case w.node != nil:
-		w.node.signal(w.PID, sig)
-	case w.pidfd != nil:
-		_ = w.pidfd.Signal(sig)
-	default:
-		_ = w.proc.Signal(sig)
-	}
-}
-
-// errAdoptedExit is the exit of an adopted worker: only its parent (the
-// previous agent, or init after it) can read its status.
-var errAdoptedExit = errors.New("exited; status unknown: started by the previous agent")
-
-// reap waits for the process to exit: a pidfd poll then wait(2) for our
-// child (its exit status), a pidfd poll for an adopted one. Neither holds
-// an OS thread while the worker runs.
-func (w *Worker) reap() (*os.ProcessState, error) {
-	if w.pidfd == nil {
-		return handoff.WaitChild(w.proc)
-	}
-	err := w.pidfd.Wait()
-	w.pidfd.Close()
-	if err != nil {
-		return nil, fmt.Errorf("watch adopted worker: %w", err)
-	}
-	return nil, errAdoptedExit
-}
-
-// outputGrace is how long a worker's output may stay silent after it exited,
-// and outputMax how long it may last in all: a descendant that left the
-// process group (setsid, nohup) may hold the pipes open for ever (as
-// os/exec's Cmd.WaitDelay).
-const (
-	outputGrace = 2 * time.Second
-	outputMax   = 30 * time.Second
-)
-
-// wait reaps the process, kills what it left running and drains its
-// output.
-func (w *Worker) wait(log hclog.Logger, readers *sync.WaitGroup, pipes []*os.File) {
-	st, err := w.reap()
-	exitedAt := time.Now()
-	if w.node != nil {
-		w.node.await() // npm start: the app's node may outlive npm
-	}
-	// Output pipes may be held open by children the worker left behind;
-	// they die with its unit, so the readers see EOF.
-	w.sweep(log, exitedAt)
-	drained := make(chan struct{})
-	go func() { readers.Wait(); close(drained) }()
-	// Output still in the pipes is read to the end even when the sinks are
-	// slow; a pipe that stays silent for outputGrace, or still flows after
-	// outputMax (held open by a child that left the group), is cut.
-	t := time.NewTicker(outputGrace)
-	cut := time.Now().Add(outputMax)
-	seen := w.lines.Load()
-	for wait := true; wait; {
-		select {
-		case <-drained:
-			wait = false
-		case <-t.C:
-			if n := w.lines.Load(); n != seen && time.Now().Before(cut) {
-				seen = n
-				continue
-			}
-			// Closing the read ends ends the readers' blocked reads.
-			w.pz.seal()
-			closeFiles(pipes...)
-			<-drained
-			wait = false
-		}
-	}
-	t.Stop()
-	// The readers leave their ends to this, and a handoff that passes
-	// them on (this worker died during it) holds them: closed earlier,
-	// the next agent would get closed or reused fds; once sealed, no
-	// handoff takes them.
-	w.pz.seal()
-	closeFiles(pipes...)
-	w.mu.Lock()
-	w.exitState, w.exitErr, w.exitedAt = st, err, exitedAt
-	w.mu.Unlock()
-}
-
 // finish marks the worker exited once nothing of it is left.
 func (w *Worker) finish() {
 	closeMembers(w.takeMembers())
@@ -359,7 +265,6 @@ func (w *Worker) capture(wg *sync.WaitGroup, stream string, r *os.File, j *logs.
 	defer wg.Done()
 	matchReady := ready.Mode == ReadyLog && ready.Regex != nil
 	seen := func(text string) {
-		w.lines.Add(1)
 		w.tail.Add(text)
 		if matchReady && ready.Regex.MatchString(text) {
 			w.markReady()
@@ -426,11 +331,6 @@ func (w *Worker) onNotify(msg handoff.Notify) {
 		if w.state != Exited && w.state != Draining { // a drain shows as one to its end
 			w.state = Stopping
 		}
-		w.mu.Unlock()
-	}
-	if v, ok := msg["LISTEN"]; ok && w.asked == nil {
-		w.mu.Lock()
-		w.asked = &v
 		w.mu.Unlock()
 	}
 	if msg["READY"] == "1" {

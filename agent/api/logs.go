@@ -103,8 +103,10 @@ type LogFilesResult struct {
 }
 
 // ErrLogStreamCut says the agent ended a log stream early (it stopped, or
-// handed over to a new agent).
-var ErrLogStreamCut = errors.New("the agent closed the log stream (did it stop or hand over to a new agent?)")
+// handed over to a new agent, or dropped a client that stopped reading:
+// each write of an answer has a deadline of 30 s).
+var ErrLogStreamCut = errors.New("the agent closed the log stream (did it stop or hand over to a new agent? " +
+	"it also drops a client that takes nothing for 30s)")
 
 // Logs calls fn with every line of the answer to req, in order, until the
 // answer ends (without Follow) or ctx is done (then it returns nil). A

@@ -11,6 +11,8 @@ import (
 
 	"aead.dev/minisign"
 	"github.com/BurntSushi/toml"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 // rootSocket is the control socket of an agent run by root, or by a user
@@ -24,12 +26,17 @@ type hostEnv struct {
 	getenv func(string) string
 	home   func() (string, error)
 	cpus   func() int
+	// checkFolder checks a folder root reads and writes in
+	// (safeopen.Trust.CheckFolder); nil skips the check (tests that
+	// pretend to be another user).
+	checkFolder func(t safeopen.Trust, dir string) error
 	// trapCheck, when set, stands for bindtrap.Supported (bind.go).
 	trapCheck func() error
 }
 
 func currentEnv() hostEnv {
-	return hostEnv{euid: os.Geteuid(), getenv: os.Getenv, home: os.UserHomeDir, cpus: UsableCPUs}
+	return hostEnv{euid: os.Geteuid(), getenv: os.Getenv, home: os.UserHomeDir, cpus: UsableCPUs,
+		checkFolder: safeopen.Trust.CheckFolder}
 }
 
 // DefaultSocket is the control socket path when the config sets none:

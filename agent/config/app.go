@@ -22,6 +22,7 @@ type rawApp struct {
 	EnvInherit   toml.Primitive `toml:"env_inherit"`
 	Instances    toml.Primitive `toml:"instances"`
 	Listen       toml.Primitive `toml:"listen"`
+	AllowPorts   toml.Primitive `toml:"allow_ports"`
 	Ready        toml.Primitive `toml:"ready"`
 	Bind         toml.Primitive `toml:"bind"`
 	ReadyTimeout toml.Primitive `toml:"ready_timeout"`
@@ -31,6 +32,7 @@ type rawApp struct {
 	Spares       toml.Primitive `toml:"spares"`
 	StopSignal   toml.Primitive `toml:"stop_signal"`
 	StopTimeout  toml.Primitive `toml:"stop_timeout"`
+	QuietTO      toml.Primitive `toml:"quiet_timeout"`
 	Nonblocking  toml.Primitive `toml:"nonblocking"`
 	MaxSurge     toml.Primitive `toml:"max_surge"`
 	CanaryTO     toml.Primitive `toml:"canary_timeout"`
@@ -83,6 +85,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		Balance:       "shared",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
+		QuietTimeout:  5 * time.Second,
 		MaxSurge:      1,
 		CanaryAction:  "abort",
 		KeepReleases:  5,
@@ -140,6 +143,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.envInherit(raw.EnvInherit, k("env_inherit"), a)
 	d.instances(raw.Instances, k("instances"), a)
 	d.listens(raw.Listen, k("listen"), a)
+	d.allowPorts(raw.AllowPorts, k("allow_ports"), a)
 	if s, ok := get[string](d, raw.Ready, k("ready")); ok {
 		if r, err := parseReady(s); err != nil {
 			d.fail(k("ready"), strconv.Quote(s), err)
@@ -173,6 +177,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 		}
 	}
 	d.duration(raw.StopTimeout, k("stop_timeout"), &a.StopTimeout, false)
+	d.duration(raw.QuietTO, k("quiet_timeout"), &a.QuietTimeout, true)
 	d.boolean(raw.Nonblocking, k("nonblocking"), &a.Nonblocking)
 	d.integer(raw.MaxSurge, k("max_surge"), &a.MaxSurge, 1)
 	d.duration(raw.CanaryTO, k("canary_timeout"), &a.CanaryTimeout, true)

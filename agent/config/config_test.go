@@ -110,6 +110,7 @@ func TestErrors(t *testing.T) {
 		// durations
 		{"bad duration", web + `ready_timeout = "30x"`, 3, `apps.web.ready_timeout = "30x"`, `not a duration; use a number with a unit, e.g. "30s" or "1m30s"`},
 		{"negative duration", web + `stop_timeout = "-1s"`, 3, "apps.web.stop_timeout", "must not be negative"},
+		{"negative quiet_timeout", web + `quiet_timeout = "-5s"`, 3, "apps.web.quiet_timeout", "must not be negative"},
 		{"zero duration", web + `ready_timeout = "0s"`, 3, "apps.web.ready_timeout", `must be more than 0; e.g. ready_timeout = "30s"`},
 		{"bad agent duration", "[agent]\nupgrade_timeout = \"soon\"", 2, "agent.upgrade_timeout", "not a duration"},
 		{"bad restart duration", web + "[apps.web.restart]\nwindow = \"1 minute\"", 4, "apps.web.restart.window", "not a duration"},
@@ -286,6 +287,7 @@ func TestDefaults(t *testing.T) {
 		Balance:       "shared",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
+		QuietTimeout:  5 * time.Second,
 		MaxSurge:      1,
 		CanaryAction:  "abort",
 		KeepReleases:  5,
@@ -491,5 +493,14 @@ func TestRecycleAt(t *testing.T) {
 	}
 	if a := loadOK(t, web+`recycle_at = ""`).Apps["web"]; a.RecycleAt != "" {
 		t.Errorf(`recycle_at = "" is off, got %q`, a.RecycleAt)
+	}
+}
+
+// quiet_timeout = "0s" turns the quiet phase off (a zero the other
+// timeouts refuse).
+func TestQuietTimeoutZeroTurnsItOff(t *testing.T) {
+	c := loadOK(t, web+`quiet_timeout = "0s"`)
+	if got := c.Apps["web"].QuietTimeout; got != 0 {
+		t.Fatalf("quiet_timeout = %v, want 0", got)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -12,6 +11,8 @@ import (
 	"syscall"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 // MaxEnvFile is the largest env_file the agent reads.
@@ -68,12 +69,12 @@ func (d *decoder) envFile(p toml.Primitive, key []string, app *App) {
 	if path == "" {
 		return
 	}
+	app.EnvFile = path // named even when it is refused: checkFolders looks at its folder too
 	vars, err := readEnvFile(path, d.env.euid)
 	if err != nil {
 		d.fail(key, strconv.Quote(path), err)
 		return
 	}
-	app.EnvFile = path
 	have := map[string]bool{}
 	for _, kv := range app.Env {
 		name, _, _ := strings.Cut(kv, "=")
@@ -94,15 +95,19 @@ func (d *decoder) envFile(p toml.Primitive, key []string, app *App) {
 // blank lines and lines starting with '#' are skipped, an "export " before
 // the name is allowed, spaces around the name and the value are dropped, and a value wrapped in a pair of matching quotes
 // (' or ") loses them; nothing else is interpreted (no $ expansion, no
-// escapes). The file must be a regular file (not a link), owned by root or
-// by euid (the agent's user), writable by its owner alone, at most
-// MaxEnvFile bytes. No message quotes the file's contents: they are
-// secrets.
+// escapes). The file must be a regular file reached without a link at any
+// component of its path (a folder swapped for a link is refused, not
+// followed), owned by root or by euid (the agent's user), writable by its
+// owner alone, at most MaxEnvFile bytes. No message quotes the file's
+// contents: they are secrets.
 func readEnvFile(path string, euid int) ([]string, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	f, err := safeopen.Open(path)
 	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, hint(err, "env_file is a symbolic link; name the file itself")
+		switch {
+		case errors.Is(err, safeopen.ErrSymlink):
+			return nil, hint(err, "a folder or file on the env_file's path is a symbolic link; deployd follows none there: name the file by its real path, in a folder only root can write")
+		case errors.Is(err, safeopen.ErrNotRegular):
+			return nil, hint(err, "env_file is %v; name a file", errors.Unwrap(err))
 		}
 		return nil, hint(err, "cannot open the env_file: %v; check the path and that the agent's user can read it", errors.Unwrap(err))
 	}

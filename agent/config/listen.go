@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/deployd/deployd/internal/addrpolicy"
 )
 
 // maxUnixPath is the longest path a Unix socket address holds (sun_path is
@@ -33,6 +35,21 @@ func (d *decoder) listens(p toml.Primitive, key []string, app *App) {
 			app.Listen = append(app.Listen, l)
 		}
 	}
+}
+
+// allowPorts decodes `allow_ports`: the TCP ports an app without a listen
+// list may take when its own code asks for one (addrpolicy).
+func (d *decoder) allowPorts(p toml.Primitive, key []string, app *App) {
+	entries, ok := get[[]string](d, p, key)
+	if !ok {
+		return
+	}
+	ports, err := addrpolicy.ParsePorts(entries)
+	if err != nil {
+		d.fail(key, fmt.Sprintf("%q", entries), hint(nil, "%v", err))
+		return
+	}
+	app.AllowPorts = ports
 }
 
 // DiscoveredListen is the listener of an app without a listen list, at the
@@ -132,68 +149,21 @@ func checkPort(port string) error {
 
 // socketSite is an address claimed by a key, for the duplicate check.
 type socketSite struct {
-	l    Listen
-	key  []string
-	host string
-	port string
-	fams byte // address families a tcp listener takes: famV4|famV6
+	l   Listen
+	key []string
 }
 
-const (
-	famV4 = 1 << iota
-	famV6
-)
-
-func newSite(key []string, l Listen) socketSite {
-	s := socketSite{l: l, key: key}
-	if l.Network == "unix" {
-		return s
-	}
-	s.host, s.port, _ = net.SplitHostPort(l.Address)
-	s.fams = famV4 | famV6
-	switch addr, err := netip.ParseAddr(s.host); {
-	case l.Network == "tcp4":
-		s.fams = famV4
-	case l.Network == "tcp6":
-		s.fams = famV6
-	case err == nil && !addr.IsUnspecified() && addr.Unmap().Is4():
-		s.fams = famV4
-	case err == nil && !addr.IsUnspecified():
-		s.fams = famV6
-	}
-	return s
+// Addr is l as the address policy sees it.
+func (l Listen) Addr() addrpolicy.Addr {
+	return addrpolicy.Addr{Network: l.Network, Address: l.Address}
 }
 
-// wildcard reports whether a tcp host means all interfaces.
-func wildcard(host string) bool {
-	addr, err := netip.ParseAddr(host)
-	return host == "" || err == nil && addr.IsUnspecified()
-}
-
-func sameHost(a, b string) bool {
-	x, errX := netip.ParseAddr(a)
-	y, errY := netip.ParseAddr(b)
-	if errX == nil && errY == nil {
-		return x.Unmap() == y.Unmap()
-	}
-	return strings.EqualFold(a, b)
-}
-
-func (s socketSite) conflicts(o socketSite) bool {
-	if (s.l.Network == "unix") != (o.l.Network == "unix") {
-		return false
-	}
-	if s.l.Network == "unix" {
-		return s.l.Address == o.l.Address
-	}
-	return s.port == o.port && s.fams&o.fams != 0 &&
-		(sameHost(s.host, o.host) || wildcard(s.host) || wildcard(o.host))
-}
+func (s socketSite) conflicts(o socketSite) bool { return addrpolicy.Overlap(s.l.Addr(), o.l.Addr()) }
 
 // claim records l for key; it reports a conflict with an earlier address
 // (naming both places) and returns false then.
 func (d *decoder) claim(key []string, l Listen) bool {
-	site := newSite(key, l)
+	site := socketSite{l: l, key: key}
 	for _, o := range d.sockets {
 		if !site.conflicts(o) {
 			continue

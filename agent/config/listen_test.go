@@ -3,6 +3,8 @@ package config
 import (
 	"strings"
 	"testing"
+
+	"github.com/deployd/deployd/internal/addrpolicy"
 )
 
 func TestParseListen(t *testing.T) {
@@ -81,7 +83,7 @@ func TestConflicts(t *testing.T) {
 		if errA != nil || errB != nil {
 			t.Fatalf("parse: %v, %v", errA, errB)
 		}
-		sa, sb := newSite(nil, a), newSite(nil, b)
+		sa, sb := socketSite{l: a}, socketSite{l: b}
 		if got := sa.conflicts(sb); got != tt.conflict || sb.conflicts(sa) != got {
 			t.Errorf("%s vs %s: conflict = %v, want %v", tt.a, tt.b, got, tt.conflict)
 		}
@@ -95,6 +97,22 @@ func TestConflictNamesBothPlaces(t *testing.T) {
 	_, err := Load(path)
 	want := path + `:6: apps.a.listen = "tcp://0.0.0.0:80": address conflicts with "tcp://:80" of apps.b.listen (` + path + ":3)"
 	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("got %v\nwant %s", err, want)
+	}
+}
+
+func TestAllowPorts(t *testing.T) {
+	body := "[apps.web]\ncommand = [\"node\", \"app.js\"]\nallow_ports = [\"80\", \"8000-8099\"]\n"
+	cfg, err := Load(writeConfig(t, body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := addrpolicy.FormatRanges(cfg.Apps["web"].AllowPorts); got != "80, 8000-8099" {
+		t.Errorf("allow_ports = %s", got)
+	}
+	path := writeConfig(t, "[apps.web]\ncommand = [\"node\", \"app.js\"]\nallow_ports = [\"90-80\"]\n")
+	_, err = Load(path)
+	if want := `apps.web.allow_ports = ["90-80"]: bad port or range "90-80"`; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("got %v\nwant %s", err, want)
 	}
 }

@@ -96,6 +96,7 @@ func parse(path string, data []byte, env hostEnv) (*Config, error) {
 	c := &Config{Path: abs}
 	c.Agent = d.agent(raw.Agent)
 	c.Apps, c.AppNames = d.apps(raw.Apps)
+	d.checkFolders(c)
 	d.bindDefaults(c.Apps, c.AppNames)
 	d.unknownKeys()
 	if err := ps.err(); err != nil {

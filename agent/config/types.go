@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"syscall"
 	"time"
+
+	"github.com/deployd/deployd/internal/addrpolicy"
 )
 
 // Config is a loaded, validated deployd.toml.
@@ -135,8 +137,12 @@ type App struct {
 	Instances     int
 	InstancesSpec string
 	Listen        []Listen
-	Ready         Ready
-	ReadyTimeout  time.Duration // default 30s
+	// AllowPorts are the TCP ports the app's own code may take when it has
+	// no listen list (allow_ports); nil: every port from 1024 up. Root's
+	// choice: the code asks, the config decides (addrpolicy).
+	AllowPorts   []addrpolicy.PortRange
+	Ready        Ready
+	ReadyTimeout time.Duration // default 30s
 	// MinReady is how long a new worker must stay up after ready before the
 	// old one it replaces is stopped; default DefaultMinReady, 0 = off.
 	MinReady time.Duration
@@ -152,8 +158,12 @@ type App struct {
 	Spares      int
 	StopSignal  syscall.Signal
 	StopTimeout time.Duration // default 30s
-	Nonblocking bool          // hand listeners over in non-blocking mode
-	MaxSurge    int           // extra workers during a rolling reload, default 1
+	// QuietTimeout bounds the wait, before the stop signal, for what a
+	// worker with its own socket (balance even or sticky) was given but
+	// has not read; default 5s, 0 turns it off.
+	QuietTimeout time.Duration
+	Nonblocking  bool // hand listeners over in non-blocking mode
+	MaxSurge     int  // extra workers during a rolling reload, default 1
 	// CanaryTimeout ends a canary's hold by itself after this long with
 	// CanaryAction ("abort", the default, or "promote"); 0 (default) holds
 	// until `deployd promote` or `deployd abort`.

@@ -1,9 +1,11 @@
 package control
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 
 	"github.com/deployd/deployd/agent/api"
 )
@@ -33,9 +35,20 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Resume = append(req.Resume, p)
 	}
-	ls := newLogStream(w)
+	// A client that stops reading holds no more than what a write takes:
+	// its write times out (deadlineWriter), and that ends the call.
+	ctx, gone := context.WithCancel(r.Context())
+	defer gone()
+	ls := newLogStream(w, gone)
 	defer ls.close()
-	if err := s.a.Logs(r.Context(), s.stopping(), req, ls); err != nil {
+	if err := s.a.Logs(ctx, s.stopping(), req, ls); err != nil {
 		writeErr(w, err)
+	}
+	if err := ls.failure(); errors.Is(err, os.ErrDeadlineExceeded) {
+		kv := []any{"timeout", controlWriteTimeout}
+		if p := peerOf(r.Context()); p != nil {
+			kv = append(kv, "uid", p.UID, "client_pid", p.PID)
+		}
+		s.log.Warn("logs client dropped: it took nothing of its answer for too long", kv...)
 	}
 }

@@ -45,8 +45,11 @@ func newMetricsServer(a *agent.Agent, ln net.Listener, log hclog.Logger) *metric
 		fmt.Fprintf(w, "deployd %s: Prometheus metrics at %s\n", version.String(), MetricsPath)
 	})
 	return &metricsServer{
-		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: errLog},
-		ln:  ln, log: log, done: make(chan struct{}),
+		// WriteTimeout: a scraper that stops reading keeps its scrape slot
+		// (collector.inFlight) and the rendered answer no longer than that.
+		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: controlWriteTimeout,
+			IdleTimeout: time.Minute, ErrorLog: errLog},
+		ln: ln, log: log, done: make(chan struct{}),
 	}
 }
 

@@ -53,7 +53,7 @@ func newControlServer(h http.Handler, connContext func(context.Context, net.Conn
 		}
 	}
 	c.srv = &http.Server{
-		Handler:           c.gate(h),
+		Handler:           withWriteDeadline(c.gate(h)),
 		ReadHeaderTimeout: 10 * time.Second,
 		// Without it an idle keep-alive connection stays open for ever
 		// (net/http falls back to ReadTimeout, which is 0 here: a handler

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -137,13 +138,16 @@ func (s *stream) refuse(err error) {
 
 // logStream writes api.LogLines to an HTTP answer, which it starts at its
 // first line or flush, flushing it every logStreamFlush rather than after
-// each line. Safe for concurrent use; close stops its flusher goroutine and
-// waits for it.
+// each line. Each write has a deadline (deadlineWriter): at the first that
+// fails (the client stopped reading, or went away) it calls gone, which
+// ends the call, and Send says agent.ErrClientGone from then on. Safe for
+// concurrent use; close stops its flusher goroutine and waits for it.
 type logStream struct {
 	mu      sync.Mutex
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	enc     *json.Encoder
+	gone    context.CancelFunc
 	started bool
 	dirty   bool
 	err     error // the first write error: the client went away
@@ -152,8 +156,8 @@ type logStream struct {
 	done chan struct{}
 }
 
-func newLogStream(w http.ResponseWriter) *logStream {
-	s := &logStream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w),
+func newLogStream(w http.ResponseWriter, gone context.CancelFunc) *logStream {
+	s := &logStream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w), gone: gone,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go s.flusher()
 	return s
@@ -168,15 +172,31 @@ func (s *logStream) start() {
 	}
 }
 
+// failed records err, the result of a write; s.mu is held.
+func (s *logStream) failed(err error) {
+	if err != nil && s.err == nil {
+		s.err = fmt.Errorf("%w: %w", agent.ErrClientGone, err)
+		s.gone()
+	}
+}
+
 // Send writes l.
-func (s *logStream) Send(l api.LogLine) {
+func (s *logStream) Send(l api.LogLine) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.start()
 	if s.err == nil {
-		s.err = s.enc.Encode(l)
+		s.failed(s.enc.Encode(l))
 		s.dirty = true
 	}
+	return s.err
+}
+
+// failure is the first write error (nil: none).
+func (s *logStream) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 // Flush passes on what was written (and starts the answer).
@@ -185,7 +205,7 @@ func (s *logStream) Flush() {
 	defer s.mu.Unlock()
 	s.start()
 	if s.dirty && s.err == nil {
-		s.err = s.rc.Flush()
+		s.failed(s.rc.Flush())
 		s.dirty = false
 	}
 }
@@ -195,7 +215,7 @@ func (s *logStream) flush() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.started && s.dirty && s.err == nil {
-		s.err = s.rc.Flush()
+		s.failed(s.rc.Flush())
 		s.dirty = false
 	}
 }

@@ -52,6 +52,7 @@ type Options struct {
 // Bounds of what the dashboard keeps and sends.
 const (
 	maxEvents       = 500              // timeline entries kept
+	clientBytes     = 1 << 20          // bytes a page may fall behind before it is dropped
 	clientBuffer    = 64               // messages a page may fall behind before it is dropped
 	writeTimeout    = 5 * time.Second  // one write to a page
 	keepAlive       = 15 * time.Second // a comment line on an idle stream
@@ -59,6 +60,8 @@ const (
 	logFlush        = 250 * time.Millisecond
 	logRetry        = 2 * time.Second // after a log stream ended
 	maxLinesPerTick = 200             // log lines per app per flush; the rest are counted as skipped
+	maxBytesPerTick = 64 << 10        // and their bytes
+	maxTailBytes    = 256 << 10       // bytes of an app's tail a new page gets (LogLines at most)
 	maxLineBytes    = 4 << 10
 )
 
@@ -69,6 +72,9 @@ func NewToken() string { return rand.Text() }
 type Server struct {
 	opts Options
 	hub  *hub
+
+	visited   chan struct{} // closed at the first request with the token
+	visitOnce sync.Once
 }
 
 // New returns a dashboard server for opts.
@@ -91,8 +97,12 @@ func New(opts Options) (*Server, error) {
 	if opts.LogLines <= 0 {
 		opts.LogLines = 200
 	}
-	return &Server{opts: opts, hub: newHub(opts)}, nil
+	return &Server{opts: opts, hub: newHub(opts), visited: make(chan struct{})}, nil
 }
+
+// Visited is closed when the first request with the token came: a browser
+// has the URL (the CLI then removes the page that redirected to it).
+func (s *Server) Visited() <-chan struct{} { return s.visited }
 
 // Run serves the dashboard on ln until ctx is done, then stops every
 // goroutine it started and returns.
@@ -106,6 +116,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          s.opts.Log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { s.hub.run(ctx) })

@@ -3,8 +3,10 @@ package dashboard
 import (
 	"crypto/subtle"
 	"embed"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -39,6 +41,7 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "forbidden: open the URL that `deployd dashboard` printed (it holds the token)", http.StatusForbidden)
 			return
 		}
+		s.visitOnce.Do(func() { close(s.visited) })
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			h.Set("Allow", "GET, HEAD")
 			http.Error(w, "the dashboard is read-only", http.StatusMethodNotAllowed)
@@ -93,34 +96,79 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 		case <-s.hub.done:
 		}
 	}()
+	defer endWritesWhenGone(r, j.c.gone)()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("X-Accel-Buffering", "no")
-	rc := http.NewResponseController(w)
-	write := func(b []byte) bool {
-		_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
-		if _, err := w.Write(b); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	if !write([]byte("retry: 2000\n\n")) || !write(j.snap) {
+	p := &pageStream{w: w, rc: http.NewResponseController(w), gone: j.c.gone}
+	if !p.write([]byte("retry: 2000\n\n")) || !p.write(j.snap) {
 		return
 	}
+	j.c.sent(j.snap)
 	ping := time.NewTicker(keepAlive)
 	defer ping.Stop()
 	for {
 		select {
 		case msg, ok := <-j.c.ch:
-			if !ok || !write(msg) {
+			if !ok {
+				return
+			}
+			written := p.write(msg)
+			j.c.sent(msg)
+			if !written {
 				return
 			}
 		case <-ping.C:
-			if !write([]byte(": ping\n\n")) {
+			if !p.write([]byte(": ping\n\n")) {
 				return
 			}
 		case <-r.Context().Done():
 			return
 		}
 	}
+}
+
+// endWritesWhenGone ends a write to r's connection, at once, once gone is
+// closed (the hub dropped the page): a write stuck on a page that stopped
+// reading then lets go of its message instead of holding it until
+// writeTimeout. Call the func it returns when the handler ends.
+func endWritesWhenGone(r *http.Request, gone <-chan struct{}) func() {
+	conn, ok := r.Context().Value(connKey{}).(net.Conn)
+	if !ok {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-gone:
+			_ = conn.SetWriteDeadline(time.Now()) // a net.Conn's methods are safe to call concurrently
+		case <-done:
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// connKey is the context key of a request's connection (Run puts it).
+type connKey struct{}
+
+// pageStream writes one page's event stream, each write within
+// writeTimeout.
+type pageStream struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	gone <-chan struct{} // the hub dropped the page
+}
+
+func (p *pageStream) write(b []byte) bool {
+	_ = p.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	select {
+	case <-p.gone: // after the deadline was set: a drop from now on ends the write
+		return false
+	default:
+	}
+	if _, err := p.w.Write(b); err != nil {
+		return false
+	}
+	return p.rc.Flush() == nil
 }

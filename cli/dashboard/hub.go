@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
@@ -56,8 +57,39 @@ type statusResult struct {
 }
 
 // client is one open page; its channel is closed by the hub when the page
-// falls clientBuffer messages behind or the dashboard stops.
-type client struct{ ch chan []byte }
+// falls clientBytes (or clientBuffer messages) behind or the dashboard
+// stops.
+type client struct {
+	ch chan []byte
+	// gone is closed with ch: the page's handler then ends a write it is
+	// stuck in at once instead of at its deadline.
+	gone chan struct{}
+	// queued is the bytes sent on ch and not yet written to the page: the
+	// hub adds a message's length before it sends it, the page's handler
+	// takes it off once the message is written (or failed).
+	queued atomic.Int64
+}
+
+// offer queues msg for the page without waiting; false if the page is too
+// far behind: clientBytes already queued (a message is always taken by an
+// empty queue, however long), or clientBuffer messages.
+func (c *client) offer(msg []byte) bool {
+	n := int64(len(msg))
+	if q := c.queued.Add(n); q > n && q > clientBytes {
+		c.queued.Add(-n)
+		return false
+	}
+	select {
+	case c.ch <- msg:
+		return true
+	default:
+		c.queued.Add(-n)
+		return false
+	}
+}
+
+// sent takes a message the page's handler wrote (or failed to) off queued.
+func (c *client) sent(msg []byte) { c.queued.Add(-int64(len(msg))) }
 
 type joinReq struct {
 	reply chan joinReply
@@ -92,7 +124,7 @@ type hub struct {
 	samples map[int][]Sample
 	events  []Event
 	logs    map[string][]LogEntry
-	pending []LogEntry
+	pending map[string]*lineBatch // app -> its lines since the last flush
 	clients map[*client]struct{}
 }
 
@@ -102,6 +134,7 @@ func newHub(opts Options) *hub {
 		joinc: make(chan joinReq), leavec: make(chan *client), awaitc: make(chan chan context.Context),
 		done:   make(chan struct{}),
 		shapes: map[string][]byte{}, samples: map[int][]Sample{}, logs: map[string][]LogEntry{},
+		pending: map[string]*lineBatch{},
 		clients: map[*client]struct{}{},
 	}
 }
@@ -110,9 +143,8 @@ func (h *hub) run(ctx context.Context) {
 	defer close(h.done)
 	defer func() {
 		for c := range h.clients {
-			close(c.ch)
+			h.drop(c)
 		}
-		h.clients = nil
 		h.pagesChanged()
 	}()
 	flush := time.NewTicker(logFlush)
@@ -124,18 +156,14 @@ func (h *hub) run(ctx context.Context) {
 		case r := <-h.statusc:
 			h.onStatus(r)
 		case l := <-h.logc:
-			h.pending = append(h.pending, l)
-			if len(h.pending) > 4*maxLinesPerTick {
-				h.flushLogs()
-			}
+			h.addLine(l)
 		case <-flush.C:
 			h.flushLogs()
 		case j := <-h.joinc:
 			j.reply <- h.join()
 		case c := <-h.leavec:
 			if _, ok := h.clients[c]; ok {
-				delete(h.clients, c)
-				close(c.ch)
+				h.drop(c)
 			}
 			h.pagesChanged()
 		case r := <-h.awaitc:
@@ -193,7 +221,7 @@ func (h *hub) join() joinReply {
 	if len(h.clients) >= h.opts.MaxClients {
 		return joinReply{}
 	}
-	c := &client{ch: make(chan []byte, clientBuffer)}
+	c := &client{ch: make(chan []byte, clientBuffer), gone: make(chan struct{})}
 	h.clients[c] = struct{}{}
 	h.pagesChanged() // before the snapshot: the first page's clears the log tails
 	snap := snapshot{T: time.Now().UnixMilli(), PollMS: h.opts.Poll.Milliseconds(), Error: h.err,
@@ -204,7 +232,9 @@ func (h *hub) join() joinReply {
 	for pid, s := range h.samples {
 		snap.Samples[strconv.Itoa(pid)] = s
 	}
-	return joinReply{c: c, snap: frame("snapshot", snap)}
+	b := frame("snapshot", snap)
+	c.queued.Store(int64(len(b))) // it waits for the page like a message
+	return joinReply{c: c, snap: b}
 }
 
 // onStatus takes one poll's answer: the timeline gets what changed, the
@@ -302,44 +332,28 @@ func (h *hub) addEvents(evs []Event) {
 	h.broadcast(frame("events", evs))
 }
 
-// flushLogs sends the lines that came since the last flush, at most
-// maxLinesPerTick of each app (the last ones); the others are counted.
-func (h *hub) flushLogs() {
-	if len(h.pending) == 0 {
-		return
-	}
-	byApp := map[string][]LogEntry{}
-	for _, l := range h.pending {
-		byApp[l.App] = append(byApp[l.App], l)
-	}
-	h.pending = h.pending[:0]
-	var out []LogEntry
-	for app, ls := range byApp {
-		if skip := len(ls) - maxLinesPerTick; skip > 0 {
-			ls = append([]LogEntry{{T: ls[skip].T, App: app, Stream: "skip",
-				Line: fmt.Sprintf("… %d lines not shown (see deployd logs %s)", skip, app)}}, ls[skip:]...)
-		}
-		for _, l := range ls {
-			h.logs[app] = appendBounded(h.logs[app], l, h.opts.LogLines)
-		}
-		out = append(out, ls...)
-	}
-	h.broadcast(frame("logs", out))
-}
-
 // broadcast queues msg for every page without waiting; a page that fell
-// clientBuffer messages behind is dropped (its browser reconnects and
-// starts again from a snapshot).
+// clientBytes behind is dropped (its browser reconnects and starts again
+// from a snapshot), so the pages hold at most clientBytes of messages
+// each, however many stop reading.
 func (h *hub) broadcast(msg []byte) {
 	for c := range h.clients {
-		select {
-		case c.ch <- msg:
-		default:
-			delete(h.clients, c)
-			close(c.ch)
+		if !c.offer(msg) {
+			h.drop(c)
 		}
 	}
 	h.pagesChanged()
+}
+
+// drop forgets page c and closes its channel; what it still had queued is
+// let go at once, and its handler ends the write it may be stuck in.
+func (h *hub) drop(c *client) {
+	delete(h.clients, c)
+	close(c.ch)
+	close(c.gone)
+	for msg := range c.ch {
+		c.sent(msg)
+	}
 }
 
 // appendBounded appends v to s and keeps the last n elements; it copies

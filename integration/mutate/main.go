@@ -98,8 +98,8 @@ var mutations = []mutation{
 	{
 		Name:  "the Node.js drain closes idle connections at once",
 		File:  "workers/nodejs/preload.cjs",
-		Old:   `var grace = c.served > 0 ? IDLE_GRACE_MS : FRESH_GRACE_MS;`,
-		New:   `var grace = 0;`,
+		Old:   `return Math.max(st.lastCall, c.idleSince + IDLE_GRACE_MS);`,
+		New:   `return 0;`,
 		Tests: []target{{"./workers/nodejs", "Drain"}, {"./integration", "^TestNode(TutorialAppExpress4|ServerCloseHandlerExpress5)$"}},
 	},
 	{
@@ -112,9 +112,9 @@ var mutations = []mutation{
 	{
 		Name: "the Node.js drain closes a connection with an unread request",
 		File: "workers/nodejs/preload.cjs",
-		Old: `  function closeIfQuiet(sock, c, destroy) {
+		Old: `  function closeIfQuiet(st, sock, c, destroy) {
     if (c.checking || sock.destroyed) return;`,
-		New: `  function closeIfQuiet(sock, c, destroy) {
+		New: `  function closeIfQuiet(st, sock, c, destroy) {
     if (!sock.destroyed) return destroy ? sock.destroy() : sock.end();
     if (c.checking || sock.destroyed) return;`,
 		Tests: []target{{"./workers/nodejs", "BusyLoop"}, {"./integration", "^TestNodeCPUBoundRoute$"}},

@@ -25,6 +25,7 @@ type config struct {
 	ready           string
 	notifyFromChild bool
 	abruptSIGTERM   bool
+	stopDelay       time.Duration
 	tick            time.Duration
 	healthAfter     time.Duration
 	daemonDir       string
@@ -52,6 +53,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.slow, "slow", 0, "add this much latency to every request")
 	fs.StringVar(&c.ready, "ready", "notify", "how to signal readiness: notify, node-ipc, log or delay")
 	fs.BoolVar(&c.abruptSIGTERM, "abrupt-sigterm", false, "on SIGTERM exit at once, cutting open connections (no drain)")
+	fs.DurationVar(&c.stopDelay, "stop-delay", 0, "on SIGTERM, keep serving (and accepting) this long before the drain: a worker slow to handle its stop signal")
 	fs.DurationVar(&c.tick, "tick", 0, "after ready, write \"tick <slot> <pid> <n>\" (n = 1, 2, ...) to stdout this often")
 	fs.DurationVar(&c.healthAfter, "health-after", 0, "GET /healthz answers 503 until this long after the app serves (it serves / at once)")
 	fs.BoolVar(&c.notifyFromChild, "notify-from-child", false, "send READY=1 from a child process (-ready notify)")

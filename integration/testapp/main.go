@@ -114,6 +114,10 @@ func run(args []string) int {
 	}
 
 	<-stop
+	if cfg.stopDelay > 0 {
+		warnf("serving on for %v before stopping (-stop-delay)", cfg.stopDelay)
+		time.Sleep(cfg.stopDelay)
+	}
 	if cfg.abruptSIGTERM {
 		warnf("exiting at once (-abrupt-sigterm)")
 		return 0

@@ -18,18 +18,24 @@ func WriteFile(path string, data []byte, mode os.FileMode) error {
 	}
 	tmp := f.Name()
 	defer os.Remove(tmp) // after a successful rename there is nothing to remove
-	err = write(f, data, mode)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
+	if err := replace(f, data, mode, func() error { return os.Rename(tmp, path) }); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	SyncDir(filepath.Dir(path))
 	return nil
+}
+
+// replace writes data to the temp file f (mode mode), closes it, and then
+// renames it into place with rename.
+func replace(f *os.File, data []byte, mode os.FileMode, rename func() error) error {
+	err := write(f, data, mode)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = rename()
+	}
+	return err
 }
 
 func write(f *os.File, data []byte, mode os.FileMode) error {

@@ -43,3 +43,29 @@ func TestWriteFileFailureLeavesOldFile(t *testing.T) {
 		t.Errorf("temp files left: %v", ents)
 	}
 }
+
+// A folder on the path swapped for a link is not written through.
+func TestWriteFileNoSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
+	if err := WriteFileNoSymlinks(path, []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "new" {
+		t.Fatalf("content = %q, %v; want new", b, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("temp files left: %v", ents)
+	}
+	other := t.TempDir()
+	link := filepath.Join(t.TempDir(), "state")
+	if err := os.Symlink(other, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFileNoSymlinks(filepath.Join(link, "state.json"), []byte("x"), 0o600); err == nil {
+		t.Error("wrote through a linked folder")
+	}
+	if ents, _ := os.ReadDir(other); len(ents) != 0 {
+		t.Errorf("the linked-to folder got %v", ents)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"io/fs"
 	"os"
 	"syscall"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 // ErrNotRegular is wrapped when the path names a FIFO, a device, a socket,
@@ -26,6 +28,9 @@ type Options struct {
 	Max int64
 	// NoFollow refuses a symbolic link as the last component (O_NOFOLLOW).
 	NoFollow bool
+	// NoSymlinks refuses a symbolic link at any component of the path
+	// (safeopen): for files in folders a less privileged user may write.
+	NoSymlinks bool
 }
 
 // ReadFile reads the regular file at path, of at most o.Max bytes. It opens
@@ -37,9 +42,20 @@ func ReadFile(path string, o Options) ([]byte, error) {
 	if o.NoFollow {
 		flags |= syscall.O_NOFOLLOW
 	}
-	f, err := os.OpenFile(path, flags, 0)
-	if errors.Is(err, syscall.ELOOP) && o.NoFollow {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: &refusal{ErrNotRegular, "a symbolic link, not a regular file"}}
+	open := os.OpenFile
+	if o.NoSymlinks {
+		open = safeopen.OpenFile
+	}
+	f, err := open(path, flags, 0)
+	if errors.Is(err, safeopen.ErrNotRegular) {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: &refusal{ErrNotRegular, errors.Unwrap(err).Error()}}
+	}
+	if errors.Is(err, syscall.ELOOP) && (o.NoFollow || o.NoSymlinks) {
+		msg := "a symbolic link, not a regular file"
+		if o.NoSymlinks {
+			msg = "a symbolic link is on its path; none is followed there"
+		}
+		return nil, &fs.PathError{Op: "open", Path: path, Err: &refusal{ErrNotRegular, msg}}
 	}
 	if err != nil {
 		return nil, err

@@ -30,6 +30,10 @@ func TestReadFileRefusesWhatIsNotARegularFile(t *testing.T) {
 	if err := os.Symlink(small, link); err != nil {
 		t.Fatal(err)
 	}
+	linkedDir := filepath.Join(t.TempDir(), "dir")
+	if err := os.Symlink(dir, linkedDir); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		path string
@@ -45,6 +49,9 @@ func TestReadFileRefusesWhatIsNotARegularFile(t *testing.T) {
 		{"link, nofollow", link, Options{Max: 1024, NoFollow: true}, ErrNotRegular},
 		{"link followed", link, Options{Max: 1024}, nil},
 		{"small", small, Options{Max: 2, NoFollow: true}, nil},
+		{"linked folder, nosymlinks", filepath.Join(linkedDir, "small"), Options{Max: 1024, NoSymlinks: true}, ErrNotRegular},
+		{"fifo, nosymlinks", fifo, Options{Max: 1024, NoSymlinks: true}, ErrNotRegular},
+		{"small, nosymlinks", small, Options{Max: 2, NoSymlinks: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := ReadFile(tc.path, tc.o)

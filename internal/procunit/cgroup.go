@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -133,9 +132,7 @@ func (c *cgroup) populated() (bool, error) {
 // else SIGKILL to each until none is left) and waits until it is empty.
 func (c *cgroup) kill(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(c.dir, "cgroup.kill"), []byte("1"), 0); err != nil {
-		for _, pid := range c.procs() {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+		c.killEach()
 	}
 	// cgroup.events changes (poll: POLLPRI) when the last process leaves;
 	// each wait is short as well, so that an older kernel's SIGKILL loop
@@ -152,9 +149,24 @@ func (c *cgroup) kill(ctx context.Context) error {
 			return fmt.Errorf("procunit: processes of %s still alive: %v", c.dir, c.procs())
 		}
 		c.waitEvents(wait)
-		for _, pid := range c.procs() {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+		c.killEach()
+	}
+}
+
+// killEach SIGKILLs each process cgroup.procs lists through a pidfd, if
+// it is still in the cgroup once the pidfd is open: a listed process may
+// exit and its pid be reused before the signal (a kernel without
+// cgroup.kill; one with it never gets here while the cgroup exists).
+func (c *cgroup) killEach() {
+	for _, pid := range c.procs() {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone (a unit with a cgroup means Linux >= 5.7: pidfds exist)
 		}
+		if cgroupDir(strconv.Itoa(pid)) == c.dir {
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+		unix.Close(fd)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -54,7 +53,12 @@ func (u *Unit) member(pid int, marker []byte) bool {
 	if err != nil {
 		return false
 	}
-	inGroup := pg == u.pgid
+	// The group id is the command's pid: it names the unit's group only
+	// while the command holds that pid (runs, or exited and not reaped).
+	// Once it was reaped, the pid is free, and a process group of that id
+	// may be anyone's (a root shell's job): only the marker counts then.
+	// Asked after getpgid, so that a group read before is the unit's.
+	inGroup := pg == u.pgid && u.leaderHolds()
 	if !inGroup {
 		if u.id == "" {
 			return false // a record without a marker (Reopen): its group alone
@@ -95,7 +99,6 @@ func (u *Unit) member(pid int, marker []byte) bool {
 // sweep finds none: a process forked during one sweep is found by the
 // next. It waits for each to exit, at most until ctx ends.
 func (u *Unit) killSweep(ctx context.Context) error {
-	marker := []byte(MarkerVar + "=" + u.id)
 	for {
 		pids := u.sweep()
 		if len(pids) == 0 {
@@ -106,20 +109,16 @@ func (u *Unit) killSweep(ctx context.Context) error {
 		}
 		var fds []int
 		for _, pid := range pids {
-			fd, err := unix.PidfdOpen(pid, 0)
-			if errors.Is(err, unix.ENOSYS) {
-				_ = syscall.Kill(pid, syscall.SIGKILL) // Linux < 5.3
-				continue
+			fd, err := u.openMember(pid)
+			if errors.Is(err, errNoPidfd) {
+				waitExits(ctx, fds)
+				return fmt.Errorf("processes %v left alive: %w", pids, err)
 			}
 			if err != nil {
-				continue // gone
+				continue // gone, or its pid is not the unit's any more
 			}
-			if u.member(pid, marker) {
-				_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-				fds = append(fds, fd)
-			} else {
-				unix.Close(fd)
-			}
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			fds = append(fds, fd)
 		}
 		waitExits(ctx, fds)
 	}
@@ -162,6 +161,24 @@ func waitExits(ctx context.Context, fds []int) {
 		}
 		pending = left
 	}
+}
+
+// leaderHolds reports whether the unit's command still holds its pid (it
+// runs, or exited and was not reaped): a signal 0 through its pidfd
+// reaches a zombie too, and fails (ESRCH) once it was reaped. A kernel
+// fact, where a start time tells apart only processes started in
+// different clock ticks.
+func (u *Unit) leaderHolds() bool {
+	if u.leader == nil {
+		return false
+	}
+	raw, err := u.leader.SyscallConn()
+	if err != nil {
+		return false // closed
+	}
+	held := false
+	_ = raw.Control(func(fd uintptr) { held = unix.PidfdSendSignal(int(fd), 0, nil, 0) == nil })
+	return held
 }
 
 // startTime is field 22 of /proc/PID/stat (clock ticks after boot), 0

@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // MarkerVar is the variable that marks a unit's processes, set in the
@@ -45,6 +48,11 @@ type Unit struct {
 	// the environment of younger processes alone.
 	since uint64
 	cg    *cgroup // nil: sweep mode
+	// leader is a pidfd of the command, opened while its pid was known to
+	// be the command's (Started: our unreaped child; Reopen: checked
+	// against its start time): leaderHolds asks it whether the command
+	// still holds its pid. nil when unknown or gone; closed by Close.
+	leader *os.File
 }
 
 // Proc is a process found in a unit.
@@ -103,8 +111,26 @@ func (u *Unit) DropCgroup() {
 // Started records the unit's command, pid, once it started.
 func (u *Unit) Started(pid int) {
 	u.pgid, u.since = pid, startTime(pid)
+	u.leader = openPidfd(pid) // our child, not reaped yet: it is the command
 	if u.cg != nil {
 		u.cg.closeFD()
+	}
+}
+
+// openPidfd opens a pidfd of pid, nil when it cannot (gone, Linux < 5.3).
+func openPidfd(pid int) *os.File {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil
+	}
+	return os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(pid))
+}
+
+// Close releases the pidfd of the unit's command (End does too). Safe to
+// call twice, and concurrently with the unit's other methods.
+func (u *Unit) Close() {
+	if u.leader != nil {
+		_ = u.leader.Close()
 	}
 }
 
@@ -192,6 +218,15 @@ func unitsCgroup(dir, id string) bool {
 // one. Nothing is created or changed.
 func Reopen(r Record) *Unit {
 	u := &Unit{id: r.ID, pgid: r.PGID, since: r.Since}
+	// The command's pidfd, if the pid is still the command's: checked
+	// after the open, so that a pid reused in between fails the check.
+	if f := openPidfd(r.PGID); f != nil {
+		if r.Since != 0 && startTime(r.PGID) == r.Since {
+			u.leader = f
+		} else {
+			f.Close()
+		}
+	}
 	if r.Cgroup != "" && unitsCgroup(r.Cgroup, r.ID) {
 		if _, err := os.Stat(filepath.Join(r.Cgroup, "cgroup.procs")); err == nil {
 			u.cg = &cgroup{dir: r.Cgroup, fd: -1}
@@ -237,19 +272,54 @@ func (u *Unit) Has(pid int) bool {
 }
 
 // Signal sends sig to every process of the unit (a polite stop before
-// Kill).
+// Kill), each through a pidfd checked against the unit once open
+// (openMember): never to a pid or a process group id, which, once the
+// command was reaped, may name someone else's process.
 func (u *Unit) Signal(sig syscall.Signal) {
-	_ = syscall.Kill(-u.pgid, sig)
 	for _, p := range u.Procs() {
-		_ = syscall.Kill(p.PID, sig)
+		if fd, err := u.openMember(p.PID); err == nil {
+			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+			unix.Close(fd)
+		}
 	}
 }
 
-// End kills what is left of the unit once its command has exited and was
-// reaped, waits until it is gone (at most until ctx ends) and removes the
-// cgroup. It returns what was left (nil when the command left nothing)
-// and an error when something could not be killed in time.
+// errNotMember: the pid no longer names a process of the unit.
+var errNotMember = errors.New("procunit: not a process of the unit")
+
+// errNoPidfd: without pidfds (Linux < 5.3) a process that is not the
+// caller's child cannot be signalled without the risk that its pid was
+// reused in between, so it is not signalled at all.
+var errNoPidfd = errors.New("procunit: no pidfd_open (Linux < 5.3): a process that is not the agent's child " +
+	"cannot be signalled without risking a reused pid")
+
+// openMember opens a pidfd for pid and then checks that pid is a live
+// process of the unit: from then on the pidfd names that process, whatever
+// becomes of the pid. Checked after the open, so that a pid reused in
+// between fails the check (the pidfd then names the new process, which is
+// not the unit's).
+func (u *Unit) openMember(pid int) (int, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ENOSYS) {
+		return -1, errNoPidfd
+	}
+	if err != nil {
+		return -1, fmt.Errorf("procunit: pidfd_open %d: %w", pid, err)
+	}
+	if !u.Has(pid) {
+		unix.Close(fd)
+		return -1, errNotMember
+	}
+	return fd, nil
+}
+
+// End kills what is left of the unit once its command has exited (before
+// its reap, the sweep still counts the command's process group), waits
+// until it is gone (at most until ctx ends), removes the cgroup and closes
+// the unit (Close). It returns what was left (nil when the command left
+// nothing) and an error when something could not be killed in time.
 func (u *Unit) End(ctx context.Context) ([]Proc, error) {
+	defer u.Close()
 	left := u.Procs()
 	if u.cg != nil {
 		if len(left) > 0 {
@@ -268,10 +338,10 @@ func (u *Unit) End(ctx context.Context) ([]Proc, error) {
 }
 
 // Kill kills every process of the unit now (the command included) and
-// waits until they are gone, at most until ctx ends. The cgroup stays
-// until End.
+// waits until they are gone, at most until ctx ends: cgroup.kill, or each
+// process of the sweep through a checked pidfd, never the group id. The
+// cgroup stays until End.
 func (u *Unit) Kill(ctx context.Context) error {
-	_ = syscall.Kill(-u.pgid, syscall.SIGKILL)
 	if u.cg != nil {
 		return u.cg.kill(ctx)
 	}

@@ -45,3 +45,30 @@ func Inodes(pid int) (map[uint64]bool, error) {
 	}
 	return out, nil
 }
+
+// Holder names a process that holds one of the sockets inodes, as
+// "comm (pid N)", or "" when none is found (other users' processes are
+// visible only to root).
+func Holder(inodes map[uint64]bool) string {
+	if len(inodes) == 0 {
+		return ""
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return ""
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		held, _ := Inodes(pid)
+		for ino := range held {
+			if inodes[ino] {
+				comm, _ := os.ReadFile("/proc/" + p.Name() + "/comm")
+				return strings.TrimSpace(string(comm)) + " (pid " + p.Name() + ")"
+			}
+		}
+	}
+	return ""
+}

@@ -42,6 +42,9 @@ type Socket struct {
 	// Inode is the socket's inode: /proc/PID/fd/N links to
 	// "socket:[Inode]" in the processes that hold it.
 	Inode uint64
+	// Info is the connection's tcp_info, from TCPInfo dumps only (nil
+	// otherwise, or where the kernel sent none).
+	Info *Info
 }
 
 // MaxSockets bounds a dump: a host with more TCP sockets in the states
@@ -68,6 +71,16 @@ const (
 // and returns those keep accepts (all of them when keep is nil). Any user
 // may dump; the kernel shows every socket of the network namespace.
 func TCP(states []State, keep func(*Socket) bool) ([]Socket, error) {
+	return dump(states, 0, keep)
+}
+
+// TCPInfo is TCP with each socket's tcp_info (INET_DIAG_INFO) in Info.
+func TCPInfo(states []State, keep func(*Socket) bool) ([]Socket, error) {
+	return dump(states, 1<<(inetDiagInfo-1), keep)
+}
+
+// dump is TCP, asking for the extensions in ext (idiag_ext).
+func dump(states []State, ext uint8, keep func(*Socket) bool) ([]Socket, error) {
 	var mask uint32
 	for _, s := range states {
 		mask |= 1 << s
@@ -88,7 +101,7 @@ func TCP(states []State, keep func(*Socket) bool) ([]Socket, error) {
 	n := 0
 	for i, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		seq := uint32(i + 1)
-		if err := unix.Sendto(fd, request(family, mask, seq), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		if err := unix.Sendto(fd, request(family, ext, mask, seq), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 			return nil, fmt.Errorf("sockdiag: send the dump request: %w", err)
 		}
 		err := receive(fd, seq, func(s *Socket) error {
@@ -108,8 +121,9 @@ func TCP(states []State, keep func(*Socket) bool) ([]Socket, error) {
 }
 
 // request is a netlink message asking for a dump of family's TCP sockets
-// in the states of mask (struct inet_diag_req_v2, no extensions).
-func request(family uint8, mask, seq uint32) []byte {
+// in the states of mask (struct inet_diag_req_v2), with the extensions
+// of ext.
+func request(family, ext uint8, mask, seq uint32) []byte {
 	b := make([]byte, sizeofNlmsghdr+sizeofReqV2)
 	ne := binary.NativeEndian
 	ne.PutUint32(b[0:], uint32(len(b)))
@@ -119,6 +133,7 @@ func request(family uint8, mask, seq uint32) []byte {
 	r := b[sizeofNlmsghdr:]
 	r[0] = family
 	r[1] = unix.IPPROTO_TCP
+	r[2] = ext
 	ne.PutUint32(r[4:], mask)
 	return b
 }
@@ -183,7 +198,7 @@ func parse(m []byte) (Socket, error) {
 		}
 		return netip.AddrFrom16([16]byte(a[:16]))
 	}
-	return Socket{
+	s := Socket{
 		State:  State(m[1]),
 		Local:  netip.AddrPortFrom(addr(id[4:20]), be.Uint16(id[0:])),
 		Remote: netip.AddrPortFrom(addr(id[20:36]), be.Uint16(id[2:])),
@@ -191,5 +206,7 @@ func parse(m []byte) (Socket, error) {
 		SendQ:  ne.Uint32(m[60:]),
 		UID:    ne.Uint32(m[64:]),
 		Inode:  uint64(ne.Uint32(m[68:])),
-	}, nil
+	}
+	s.Info = parseInfo(m[sizeofInetDiagMsg:])
+	return s, nil
 }

@@ -271,16 +271,11 @@ func CaptureJournaled(r *os.File, j *Journal, pending []byte, sink *Sink, maxLin
 	if maxLine <= 0 {
 		maxLine = DefaultMaxLine
 	}
-	if err := j.load(); err != nil {
+	if err := j.Settle(sink); err != nil {
 		return err
 	}
 	if err := j.add(pending); err != nil {
 		return err
-	}
-	if j.rec != nil {
-		if err := j.settle(sink); err != nil {
-			return err
-		}
 	}
 	for {
 		if err := j.deliver(sink, maxLine, false, line, fn); err != nil {
@@ -300,6 +295,28 @@ func CaptureJournaled(r *os.File, j *Journal, pending []byte, sink *Sink, maxLin
 			return fmt.Errorf("logs: capture: %w", err)
 		}
 	}
+}
+
+// Settle reads j (another agent may have used it) and settles the append
+// it recorded, if its agent died while making it: found in sink's file,
+// its bytes are done; torn at the file's end, the torn part is cut off and
+// they are written again by the capture, as when it is not there at all.
+//
+// A torn append can be cut off only while it is at its file's end: once
+// another stream's lines follow it (another worker's, with the same log
+// file), it looks absent, and writing its batch again repeats the torn
+// part's lines and glues the cut line to the next one. So the agent that
+// adopts workers settles the journals of every worker that writes to a
+// Sink before it starts any of their readers. CaptureJournaled settles
+// too; for a settled journal that does nothing.
+func (j *Journal) Settle(sink *Sink) error {
+	if err := j.load(); err != nil {
+		return err
+	}
+	if j.rec == nil {
+		return nil
+	}
+	return j.settle(sink)
 }
 
 // settle finds out whether the append j recorded (an agent died while it

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"syscall"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 // positioner is a File that can tell where the next write goes, rotating
@@ -69,19 +71,19 @@ func (w *writer) resolve(rec *Append) bool {
 		}
 	}
 	for _, path := range paths {
-		f, err := os.Open(path)
+		f, err := safeopen.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
 			continue
 		}
 		in := appendIn(f, rec)
-		f.Close()
-		switch in {
-		case notThisFile:
-			continue
-		case torn: // nothing was written after it: cut it off
-			if err := os.Truncate(path, rec.Off); err != nil {
+		if in == torn { // nothing was written after it: cut it off
+			if err := f.Truncate(rec.Off); err != nil {
 				w.log.Warn("cannot cut off a torn write", "error", err)
 			}
+		}
+		f.Close()
+		if in == notThisFile {
+			continue
 		}
 		return in == present
 	}

@@ -1,139 +1,23 @@
 package logs
 
 import (
-	"bufio"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 const (
-	tailBlock  = 64 << 10               // LastLines reads backwards in blocks of this size
+	tailBlock  = 64 << 10               // files are read in blocks of this size
 	followPoll = 200 * time.Millisecond // how often Follow looks for new data
 )
-
-// LastLines returns the last n lines of the log at path, oldest first. It
-// reads the current file backwards from its end, so its cost depends on n,
-// not on the file's size; if the current file has fewer than n lines, it
-// continues in the rotated files, newest first (a compressed one is read
-// whole). A missing current file counts as empty as long as rotated files
-// exist.
-func LastLines(path string, n int) ([]string, error) {
-	if n <= 0 {
-		return nil, nil
-	}
-	lines, err := lastLinesOf(path, n)
-	missing := errors.Is(err, fs.ErrNotExist)
-	if err != nil && !missing {
-		return nil, fmt.Errorf("logs: last lines of %s: %w", path, err)
-	}
-	if len(lines) >= n {
-		return lines, nil
-	}
-	backups, err := listBackups(path)
-	if err != nil {
-		return nil, fmt.Errorf("logs: last lines of %s: %w", path, err)
-	}
-	if missing && len(backups) == 0 {
-		return nil, fmt.Errorf("logs: last lines of %s: %w", path, fs.ErrNotExist)
-	}
-	for _, b := range backups {
-		var more []string
-		if b.gz {
-			more, err = lastLinesOfGzip(b.path, n-len(lines))
-		} else {
-			more, err = lastLinesOf(b.path, n-len(lines))
-		}
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // compressed or pruned meanwhile
-		}
-		if err != nil {
-			return nil, fmt.Errorf("logs: last lines of %s: %w", path, err)
-		}
-		lines = append(more, lines...)
-		if len(lines) >= n {
-			break
-		}
-	}
-	return lines, nil
-}
-
-// lastLinesOf returns the last n lines of a plain file, reading backwards.
-func lastLinesOf(path string, n int) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	size := st.Size()
-	if size == 0 {
-		return nil, nil
-	}
-	var blocks [][]byte // from the end backwards
-	newlines := 0       // not counting the file's final newline
-	pos := size
-	for pos > 0 && newlines < n {
-		sz := min(pos, tailBlock)
-		pos -= sz
-		b := make([]byte, sz)
-		if _, err := f.ReadAt(b, pos); err != nil {
-			return nil, err
-		}
-		newlines += bytes.Count(b, []byte{'\n'})
-		if len(blocks) == 0 && b[len(b)-1] == '\n' {
-			newlines--
-		}
-		blocks = append(blocks, b)
-	}
-	var data []byte
-	for i := len(blocks) - 1; i >= 0; i-- {
-		data = append(data, blocks[i]...)
-	}
-	data = bytes.TrimSuffix(data, []byte{'\n'})
-	lines := strings.Split(string(data), "\n")
-	// With pos > 0 the first element is the end of a longer line; there are
-	// at least n more after it.
-	return lines[max(len(lines)-n, 0):], nil
-}
-
-// lastLinesOfGzip returns the last n lines of a compressed rotated file.
-func lastLinesOfGzip(path string, n int) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		return nil, err
-	}
-	t := NewTail(n)
-	br := bufio.NewReaderSize(zr, tailBlock)
-	for {
-		s, err := br.ReadString('\n')
-		if len(s) > 0 {
-			t.Add(strings.TrimSuffix(s, "\n"))
-		}
-		if errors.Is(err, io.EOF) {
-			return t.Lines(), nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-}
 
 // Follow calls fn with every line appended to the log at path, starting at
 // byte offset from (or at the current end when from < 0), like `tail -F`:
@@ -158,6 +42,12 @@ type Position struct {
 // FollowFrom is Follow, which also returns where it stopped once ctx is
 // done, so that a later follow of the same file goes on from there.
 func FollowFrom(ctx context.Context, path string, from int64, fn func(line string)) (Position, error) {
+	return followFrom(ctx, path, nil, from, fn)
+}
+
+// followFrom is FollowFrom, which starts in f, a file of the log at path
+// (unless nil), at its current offset from.
+func followFrom(ctx context.Context, path string, f *os.File, from int64, fn func(line string)) (Position, error) {
 	tick := time.NewTicker(followPoll)
 	defer tick.Stop()
 	wait := func() bool {
@@ -168,8 +58,11 @@ func FollowFrom(ctx context.Context, path string, from int64, fn func(line strin
 			return true
 		}
 	}
-	fl := follower{fn: fn, buf: make([]byte, tailBlock)}
+	fl := follower{fn: fn, f: f, offset: from}
 	defer fl.close()
+	if f != nil {
+		from = 0 // a file that replaces it is read from its start
+	}
 	for {
 		if fl.f == nil {
 			ok, err := fl.open(path, from)
@@ -202,14 +95,18 @@ type follower struct {
 	fn      func(string)
 	f       *os.File
 	offset  int64  // of the next byte to read in f
-	partial []byte // read, but not yet ended by a newline
-	buf     []byte
+	partial []byte // read, but not yet ended by a newline; nil when empty
 }
+
+// readBlocks are the blocks follows read into, each held only while its
+// follow reads: one that waits for lines (most do, most of the time)
+// holds none, so that a client following every app's log costs little.
+var readBlocks = sync.Pool{New: func() any { return new([tailBlock]byte) }}
 
 // open opens path at offset from (the end if from < 0); false if it does not
 // exist yet.
 func (fl *follower) open(path string, from int64) (bool, error) {
-	f, err := os.Open(path)
+	f, err := safeopen.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -231,10 +128,17 @@ func (fl *follower) open(path string, from int64) (bool, error) {
 
 // read delivers the complete lines from the current offset to the end.
 func (fl *follower) read(ctx context.Context) error {
+	block := readBlocks.Get().(*[tailBlock]byte)
+	defer readBlocks.Put(block)
+	defer func() {
+		if len(fl.partial) == 0 {
+			fl.partial = nil
+		}
+	}()
 	for ctx.Err() == nil {
-		n, err := fl.f.Read(fl.buf)
+		n, err := fl.f.Read(block[:])
 		fl.offset += int64(n)
-		fl.partial = append(fl.partial, fl.buf[:n]...)
+		fl.partial = append(fl.partial, block[:n]...)
 		k := deliver(fl.partial, 0, DefaultMaxLine, false, fl.fn)
 		fl.partial = fl.partial[:copy(fl.partial, fl.partial[k:])]
 		if errors.Is(err, io.EOF) {
@@ -257,7 +161,7 @@ func (fl *follower) check(path string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("logs: follow: %w", err)
 	}
-	st, err := os.Stat(path)
+	st, err := os.Lstat(path) // a link put in its place is not followed
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return false, nil // between the rename and the new file: keep the old one

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 // File is the file end of a Sink: the current log file and its rotation.
@@ -46,12 +48,17 @@ const (
 // file when two rotations fall in the same millisecond (#34), losing lines.
 // It keeps lumberjack's rename-based rotation and its file names.
 //
+// Every file is opened, renamed and removed relative to the log folder held
+// open (dir), never following a link: a log folder an app's user could
+// write must not let it point root's writes at another file (issue 39).
+//
 // Owned by the Sink's writer goroutine; the mill goroutine, which compresses
 // and prunes rotated files, only ever touches rotated files.
 type rotator struct {
-	path, dir, prefix, ext string
-	maxSize                int64
-	log                    hclog.Logger
+	path, base, prefix, ext string
+	dir                     *safeopen.Dir
+	maxSize                 int64
+	log                     hclog.Logger
 
 	f         *os.File // nil after a failed rotation; reopened by Write
 	size      int64
@@ -69,11 +76,16 @@ func newRotator(o Options) (File, error) {
 		}
 		_ = os.Chmod(dir, 0o755) // whatever the umask
 	}
+	d, err := safeopen.OpenDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("log folder: %w", err)
+	}
 	base := filepath.Base(o.Path)
 	ext := filepath.Ext(base)
 	r := &rotator{
 		path:     o.Path,
-		dir:      dir,
+		base:     base,
+		dir:      d,
 		prefix:   strings.TrimSuffix(base, ext) + "-",
 		ext:      ext,
 		maxSize:  o.MaxSize,
@@ -82,6 +94,7 @@ func newRotator(o Options) (File, error) {
 		millDone: make(chan struct{}),
 	}
 	if err := r.open(); err != nil {
+		d.Close()
 		return nil, err
 	}
 	m := mill{r: r, maxFiles: o.MaxFiles, maxAge: o.MaxAge, compress: o.Compress}
@@ -90,14 +103,15 @@ func newRotator(o Options) (File, error) {
 	return r, nil
 }
 
-// open opens (or creates, mode 0640) the current file for appending.
+// open opens (or creates, mode 0640) the current file for appending; a
+// link, a FIFO or a device in its place is refused, not written through.
 func (r *rotator) open() error {
-	_, statErr := os.Stat(r.path)
-	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	existed := r.dir.Exists(r.base)
+	f, err := r.dir.OpenFile(r.base, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
 	if err != nil {
 		return err
 	}
-	if errors.Is(statErr, fs.ErrNotExist) {
+	if !existed {
 		_ = f.Chmod(0o640) // whatever the umask
 	}
 	st, err := f.Stat()
@@ -159,7 +173,7 @@ func (r *rotator) Rotate() error {
 			return err
 		}
 	}
-	if err := os.Rename(r.path, r.backupName()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := r.dir.Rename(r.base, r.backupName()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		// Keep writing to the old file rather than nowhere.
 		return errors.Join(err, r.open())
 	}
@@ -170,7 +184,7 @@ func (r *rotator) Rotate() error {
 	return nil
 }
 
-// backupName returns an unused name for the current file: the rotation time,
+// backupName returns an unused name (in r.dir) for the current file: the rotation time,
 // bumped by a millisecond if a file of that name exists or if rotations come
 // faster than one per millisecond.
 func (r *rotator) backupName() string {
@@ -179,10 +193,8 @@ func (r *rotator) backupName() string {
 		t = r.lastStamp.Add(time.Millisecond)
 	}
 	for {
-		name := filepath.Join(r.dir, r.prefix+t.Format(backupTimeLayout)+r.ext)
-		_, err1 := os.Lstat(name)
-		_, err2 := os.Lstat(name + gzSuffix)
-		if errors.Is(err1, fs.ErrNotExist) && errors.Is(err2, fs.ErrNotExist) {
+		name := r.prefix + t.Format(backupTimeLayout) + r.ext
+		if !r.dir.Exists(name) && !r.dir.Exists(name+gzSuffix) {
 			r.lastStamp = t
 			return name
 		}
@@ -200,15 +212,15 @@ func (r *rotator) Truncate() error {
 		errs = append(errs, r.f.Close())
 		r.f = nil
 	}
-	if err := os.Remove(r.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := r.dir.Remove(r.base); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
 	errs = append(errs, r.open())
 	r.waitMill() // so it is not compressing a file we remove
-	backups, err := listBackups(r.path)
+	backups, err := listBackupsIn(r.dir, r.base)
 	errs = append(errs, err)
 	for _, b := range backups {
-		if err := os.Remove(b.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := r.dir.Remove(b.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
@@ -224,7 +236,7 @@ func (r *rotator) Close() error {
 	}
 	close(r.millc)
 	<-r.millDone
-	return err
+	return errors.Join(err, r.dir.Close())
 }
 
 func (r *rotator) kick() {
@@ -264,7 +276,7 @@ func (m mill) run() {
 }
 
 func (m mill) once() error {
-	backups, err := listBackups(m.r.path)
+	backups, err := listBackupsIn(m.r.dir, m.r.base)
 	if err != nil {
 		return err
 	}
@@ -272,13 +284,13 @@ func (m mill) once() error {
 	cutoff := time.Now().Add(-m.maxAge)
 	for i, b := range backups {
 		if (m.maxFiles > 0 && i >= m.maxFiles) || (m.maxAge > 0 && b.stamp.Before(cutoff)) {
-			if err := os.Remove(b.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := m.r.dir.Remove(b.name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
 			continue
 		}
 		if m.compress && !b.gz {
-			if err := compressFile(b.path); err != nil {
+			if err := compressIn(m.r.dir, b.name); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -286,10 +298,21 @@ func (m mill) once() error {
 	return errors.Join(errs...)
 }
 
-// compressFile gzips path to path.gz through a temporary file, so a reader
-// never sees a partial .gz, then removes path.
-func compressFile(path string) (err error) {
-	src, err := os.Open(path)
+// compressFile compresses the rotated file at path (compressIn), opening
+// its folder without following a link.
+func compressFile(path string) error {
+	d, err := safeopen.OpenDir(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	defer d.Close()
+	return compressIn(d, filepath.Base(path))
+}
+
+// compressIn gzips name to name.gz (in d) through a temporary file, so a
+// reader never sees a partial .gz, then removes name.
+func compressIn(d *safeopen.Dir, name string) (err error) {
+	src, err := d.OpenFile(name, os.O_RDONLY, 0)
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
@@ -298,49 +321,59 @@ func compressFile(path string) (err error) {
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
-	tmp := path + gzSuffix + tmpSuffix
-	dst, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, st.Mode().Perm())
+	tmp := name + gzSuffix + tmpSuffix
+	dst, err := d.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, st.Mode().Perm())
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
 	defer func() {
 		if err != nil {
 			dst.Close()
-			os.Remove(tmp)
+			d.Remove(tmp)
 		}
 	}()
 	zw := gzip.NewWriter(dst)
 	if _, err := io.Copy(zw, src); err != nil {
-		return fmt.Errorf("compress %s: %w", path, err)
+		return fmt.Errorf("compress %s: %w", name, err)
 	}
 	if err := zw.Close(); err != nil {
-		return fmt.Errorf("compress %s: %w", path, err)
+		return fmt.Errorf("compress %s: %w", name, err)
 	}
 	if err := dst.Close(); err != nil {
-		return fmt.Errorf("compress %s: %w", path, err)
+		return fmt.Errorf("compress %s: %w", name, err)
 	}
-	if err := os.Rename(tmp, path+gzSuffix); err != nil {
+	if err := d.Rename(tmp, name+gzSuffix); err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
-	return os.Remove(path)
+	return d.Remove(name)
 }
 
 // backup is one rotated file of a log.
 type backup struct {
-	path  string
+	path  string    // in the folder it was listed in
+	name  string    // the file's name in that folder
 	stamp time.Time // rotation time, from the name
 	gz    bool
 }
 
-// listBackups returns the rotated files of the log at path, newest first.
-// If both x and x.gz exist (compression was interrupted), x.gz is complete
-// (it is renamed into place) and x is listed, not x.gz.
+// listBackups returns the rotated files of the log at path, newest first
+// (listBackupsIn), opening its folder without following a link.
 func listBackups(path string) ([]backup, error) {
-	dir := filepath.Dir(path)
-	base := filepath.Base(path)
+	d, err := safeopen.OpenDir(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("list rotated files: %w", err)
+	}
+	defer d.Close()
+	return listBackupsIn(d, filepath.Base(path))
+}
+
+// listBackupsIn returns the rotated files of the log named base in d,
+// newest first. If both x and x.gz exist (compression was interrupted),
+// x.gz is complete (it is renamed into place) and x is listed, not x.gz.
+func listBackupsIn(d *safeopen.Dir, base string) ([]backup, error) {
 	ext := filepath.Ext(base)
 	prefix := strings.TrimSuffix(base, ext) + "-"
-	entries, err := os.ReadDir(dir)
+	entries, err := d.ReadDir()
 	if err != nil {
 		return nil, fmt.Errorf("list rotated files: %w", err)
 	}
@@ -348,7 +381,7 @@ func listBackups(path string) ([]backup, error) {
 	var out []backup
 	for _, e := range entries {
 		name := e.Name()
-		if e.IsDir() || !strings.HasPrefix(name, prefix) {
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) { // a link is never ours
 			continue
 		}
 		gz := strings.HasSuffix(name, ext+gzSuffix)
@@ -360,13 +393,11 @@ func listBackups(path string) ([]backup, error) {
 		if err != nil || seen[stem] {
 			continue
 		}
-		if gz {
-			if _, err := os.Lstat(filepath.Join(dir, stem)); err == nil {
-				continue // listed as the uncompressed file
-			}
+		if gz && d.Exists(stem) {
+			continue // listed as the uncompressed file
 		}
 		seen[stem] = true
-		out = append(out, backup{path: filepath.Join(dir, name), stamp: stamp, gz: gz})
+		out = append(out, backup{path: filepath.Join(d.Path(), name), name: name, stamp: stamp, gz: gz})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].stamp.After(out[j].stamp) })
 	return out, nil

@@ -9,7 +9,7 @@
 // that an agent SIGKILL neither loses nor repeats a line: its lines are
 // written at once, recorded in the journal, and the queue is used only while
 // writing fails or stalls. It also reads the files back for `deployd logs`
-// (LastLines, Follow).
+// (StreamLast, Follow).
 package logs
 
 import (

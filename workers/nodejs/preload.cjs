@@ -33,13 +33,17 @@
 //   long-lived responses (server-sent events, WebSockets with a 1001 close
 //   frame) after a short grace so that their clients reconnect to a new
 //   worker, and exit when the last connection is gone or near stop_timeout.
-//   A keep-alive connection is closed only after it served, stayed idle for
-//   a grace, and a turn of the event loop that read the network found no
-//   byte on it: a request a busy event loop has not read yet waits in the
-//   socket, and closing the connection then would lose it (node's own
-//   keepAliveTimeout and closeIdleConnections get the same check). An app's
-//   own stop handler (server.close, process.exit) is honoured: server.close
-//   closes only the listening handle, process.exit waits for the drain.
+//   An idle HTTP/1 connection is left to its client's next request (its
+//   answer says "Connection: close"); the drain closes none sooner than
+//   the app's keepAliveTimeout would, until its last call a little before
+//   stop_timeout (closing it races a request the client may be sending).
+//   A connection is closed only once a turn of the event loop that read
+//   the network found no byte on it: a request a busy event loop has not
+//   read yet waits in the socket, and closing the connection then would
+//   lose it (node's own keepAliveTimeout and closeIdleConnections get the
+//   same check). An app's own stop handler (server.close, process.exit)
+//   is honoured: server.close closes only the listening handle,
+//   process.exit waits for the drain.
 //
 // Written in conservative syntax so that an old node reaches the version
 // check instead of a syntax error.
@@ -77,8 +81,8 @@ function run(cfg) {
   var http = require('http');
   var path = require('path');
 
-  var IDLE_GRACE_MS = 1000; // a keep-alive connection idle this long after a response is closed
-  var FRESH_GRACE_MS = 5000; // an accepted connection that never sent a request
+  var IDLE_GRACE_MS = 1000; // after the drain's last call, a connection idle this long is closed
+  var FRESH_GRACE_MS = 5000; // a connection of a server that is not HTTP, idle this long
   var QUIET_TURN_MS = 20; // a loop turn this short read every byte that came before it
   var listeners = cfg.listeners || [];
   var served = listeners.map(function () { return false; });
@@ -87,6 +91,10 @@ function run(cfg) {
   // Long-lived responses (event streams, WebSockets) end this long after
   // the stop signal: their clients reconnect, to a new worker.
   var STREAM_GRACE_MS = Math.min(1000, stopTimeout / 10);
+  // A drain's last call, this long after it began: the HTTP/1 connections
+  // still idle then are closed (before it, only the app's keepAliveTimeout
+  // closes one). A second before the exit near stop_timeout.
+  var LAST_CALL_MS = Math.max(stopTimeout - 2000, stopTimeout * 0.8);
   var kState = Symbol('deployd');
   var slot = parseInt(process.env.DEPLOYD_WORKER, 10);
 
@@ -276,7 +284,10 @@ function run(cfg) {
 
   net.Server.prototype.listen = function () {
     var r = parse(arguments);
-    if (r.kind === 'other') {
+    // A unix socket the config does not name is the app's own (tsx's IPC
+    // pipe in its parent process, an admin socket): the app binds it
+    // itself, as its own user, and it is never the port the app serves.
+    if (r.kind === 'other' || (r.kind === 'unix' && find(r) === -1)) {
       var srv = this;
       // Before the app's own listening callbacks, which may report readiness.
       srv.prependOnceListener('listening', function () { adopt(srv); });
@@ -455,7 +466,7 @@ function run(cfg) {
   function track(server, l) {
     if (server[kState]) return;
     var st = { conns: new Map(), pending: new Set(), sessions: new Set(), streams: new Set(), draining: false, closed: false,
-      kind: kindOf(server) };
+      kind: kindOf(server), lastCall: 0 };
     server[kState] = st;
     mapped.push(server);
     server.once('close', function () { st.closed = true; });
@@ -481,20 +492,20 @@ function run(cfg) {
     }
     server.on(tls ? 'secureConnection' : 'connection', function (sock) {
       if (tls) st.pending.delete(sock._parentWrap);
-      var c = { inflight: 0, served: 0, idleSince: Date.now(), timer: null, res: null, ws: false, checking: false };
+      var c = { inflight: 0, idleSince: Date.now(), timer: null, res: null, ws: false, checking: false };
       st.conns.set(sock, c);
       sock.once('close', function () {
         if (c.timer) clearTimeout(c.timer);
         st.conns.delete(sock);
         checkDone();
       });
-      if (st.draining) scheduleIdle(sock, c);
+      if (st.draining) scheduleIdle(st, sock, c);
     });
     if (st.kind === 'h2') {
       server.on('session', function (session) {
         st.sessions.add(session);
         session.once('close', function () { st.sessions.delete(session); });
-        if (st.draining) goaway(session);
+        if (st.draining) goaway(st, session);
       });
     }
     if (st.kind === 'http') {
@@ -508,7 +519,7 @@ function run(cfg) {
         if ((req && !req.complete && req.listenerCount('timeout') > 0) || (res && res.listenerCount('timeout') > 0)) return;
         var c = st.conns.get(sock);
         if ((req && !req.complete) || res || !c) sock.destroy(); // node's own answer to a stalled request
-        else closeIfQuiet(sock, c, true);
+        else closeIfQuiet(st, sock, c, true);
       });
       // Which upgraded connections are WebSockets (to end them with a close frame).
       var emit = server.emit;
@@ -541,9 +552,8 @@ function run(cfg) {
         if (!c) return;
         if (c.res === res) c.res = null;
         c.inflight--;
-        c.served++;
         c.idleSince = Date.now();
-        if (st.draining) scheduleIdle(sock, c);
+        if (st.draining) scheduleIdle(st, sock, c);
       });
     });
   }
@@ -555,17 +565,30 @@ function run(cfg) {
     return st.kind === 'h2' ? !sock.parser : st.kind === 'http' && !sock.parser && !sock.destroyed;
   }
 
-  // scheduleIdle closes sock once it has been idle for its grace. A response
-  // sent with "Connection: close" closes its connection by itself.
-  function scheduleIdle(sock, c) {
+  // scheduleIdle closes sock, of a draining server, once it is idle at
+  // idleDue. A response sent with "Connection: close" closes its connection
+  // by itself.
+  function scheduleIdle(st, sock, c) {
     if (c.inflight > 0 || c.timer || sock.destroyed) return;
-    var grace = c.served > 0 ? IDLE_GRACE_MS : FRESH_GRACE_MS;
     c.timer = setTimeout(function () {
       c.timer = null;
       if (c.inflight > 0 || sock.destroyed) return;
-      if (Date.now() - c.idleSince >= grace) closeIfQuiet(sock, c, false);
-      else scheduleIdle(sock, c);
-    }, Math.max(0, c.idleSince + grace - Date.now()));
+      if (Date.now() >= idleDue(st, c)) closeIfQuiet(st, sock, c, false);
+      else scheduleIdle(st, sock, c);
+    }, Math.max(0, idleDue(st, c) - Date.now()));
+  }
+
+  // idleDue is when the drain closes an idle connection. Closing an idle
+  // HTTP/1 connection races its client's next request, which the client
+  // may send before it reads the FIN (it is lost, or retried by a client
+  // that dares to): no server wins that race, and a client held up for a
+  // moment on a busy machine loses it. So the drain closes none sooner than
+  // the app itself would (node's keepAliveTimeout, above) before its last
+  // call: each client gets its next answer with "Connection: close" and so
+  // learns to go elsewhere. A server that is not HTTP keeps its grace.
+  function idleDue(st, c) {
+    if (st.kind === 'net') return c.idleSince + FRESH_GRACE_MS;
+    return Math.max(st.lastCall, c.idleSince + IDLE_GRACE_MS);
   }
 
   // closeIfQuiet ends sock (destroys it with destroy) only after a turn of
@@ -574,7 +597,7 @@ function run(cfg) {
   // holds (a request a busy loop left unread), and the check phase after
   // it looks. A long turn (the app's CPU-bound handlers) is checked again,
   // since bytes may have come after its poll.
-  function closeIfQuiet(sock, c, destroy) {
+  function closeIfQuiet(st, sock, c, destroy) {
     if (c.checking || sock.destroyed) return;
     c.checking = true;
     var seen = sock.bytesRead;
@@ -585,11 +608,11 @@ function run(cfg) {
         if (sock.destroyed || c.inflight > 0) return;
         if (sock.bytesRead !== seen || partial(sock)) {
           c.idleSince = Date.now(); // a request is on its way: it gets Connection: close
-          if (stopping) scheduleIdle(sock, c);
+          if (st.draining) scheduleIdle(st, sock, c);
           return;
         }
         if (Date.now() - t0 > QUIET_TURN_MS) {
-          closeIfQuiet(sock, c, destroy);
+          closeIfQuiet(st, sock, c, destroy);
           return;
         }
         if (destroy) sock.destroy();
@@ -609,7 +632,7 @@ function run(cfg) {
   function closeIdle(server) {
     var st = server[kState];
     st.conns.forEach(function (c, sock) {
-      if (c.inflight === 0 && !longLived(st, sock)) closeIfQuiet(sock, c, true);
+      if (c.inflight === 0 && !longLived(st, sock)) closeIfQuiet(st, sock, c, true);
     });
   }
 
@@ -620,9 +643,10 @@ function run(cfg) {
   // connection). node has no shutdown notice: after any GOAWAY it ignores
   // new streams, so one sent at an arbitrary moment would make a client
   // retry the streams on their way. A session that opens no stream is
-  // closed after the idle grace, once a loop turn read no byte from it.
+  // closed at the drain's last call (as an idle HTTP/1 connection is, for
+  // the same race), once a loop turn read no byte from it.
   var kGoaway = Symbol('deployd.goaway');
-  function goaway(session) {
+  function goaway(st, session) {
     if (session.closed || session.destroyed || session[kGoaway]) return;
     session[kGoaway] = true;
     var t = null;
@@ -644,7 +668,7 @@ function run(cfg) {
         return;
       }
       close();
-    }, IDLE_GRACE_MS);
+    }, Math.max(IDLE_GRACE_MS, st.lastCall - Date.now()));
   }
 
   // endStreams ends what would keep a connection open for long: event
@@ -696,13 +720,14 @@ function run(cfg) {
     var st = server[kState];
     if (st.draining) return;
     st.draining = true;
+    st.lastCall = Date.now() + LAST_CALL_MS;
     if (server.listening) origNetClose.call(server);
     st.conns.forEach(function (c, sock) {
       // A response in flight whose headers are not out yet closes its connection too.
       if (c.res && !c.res.headersSent) c.res.setHeader('Connection', 'close');
-      if (!longLived(st, sock)) scheduleIdle(sock, c);
+      if (!longLived(st, sock)) scheduleIdle(st, sock, c);
     });
-    st.sessions.forEach(goaway);
+    st.sessions.forEach(function (session) { goaway(st, session); });
     // Again every grace while connections last: a stream that began after
     // the first pass (a request on a connection accepted before the
     // listener closed) ends too, not at stop_timeout.

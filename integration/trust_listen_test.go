@@ -1,0 +1,264 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// What an app's code asks to listen on is input: a Node.js app without a
+// listen list, running as its own user from code that user owns, gets
+// only what the config allows. The app's user steers the code through a
+// file in the app's folder (target: JSON {"port": N} or {"path": P}, and
+// "notify": a line its child sends over NOTIFY_SOCKET first).
+const askingApp = `const fs = require('fs');
+const t = JSON.parse(fs.readFileSync(__dirname + '/target', 'utf8'));
+if (t.notify) require('child_process').spawnSync('systemd-notify', [t.notify], { stdio: 'inherit' });
+const srv = require('http').createServer((q, r) => r.end('version=asking\n'));
+if (t.path) srv.listen(t.path); else srv.listen(t.port, '127.0.0.1');
+`
+
+// askingAppDir writes the asking app into a folder m owns, aimed at target.
+func askingAppDir(t *testing.T, m *member, target string) string {
+	t.Helper()
+	dir := m.Dir(t)
+	if err := os.WriteFile(filepath.Join(dir, "app.js"), []byte(askingApp), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.Own(t, dir) // the code is the app user's
+	aim(t, m, dir, target)
+	return dir
+}
+
+// aim is the app's user changing what its code asks for.
+func aim(t *testing.T, m *member, dir, target string) {
+	t.Helper()
+	p := filepath.Join(dir, "target")
+	if err := os.WriteFile(p, []byte(target), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.Own(t, p)
+}
+
+// trustConfig is a victim (the test app on vport, 2 workers) and the
+// asking app run by user from dir, with no listen list.
+func trustConfig(t *testing.T, dir, user string, vport int, extra string) string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not installed")
+	}
+	return appConfig("victim", vport, 2, `env = { TESTAPP_VERSION = "victim" }`) + fmt.Sprintf(`
+[apps.asking]
+command = [%q, "app.js"]
+cwd = %q
+user = %q
+instances = 2
+ready_timeout = "20s"
+stop_timeout = "5s"
+%s
+`, node, dir, user, extra)
+}
+
+// startTrust starts the agent on both apps aimed at a free port of the
+// asking app's own, and returns it with that port and state.json.
+func startTrust(t *testing.T, m *member, vport int, extra string) (a *Agent, dir string, own int, state []byte) {
+	t.Helper()
+	own = FreePort(t)
+	dir = askingAppDir(t, m, fmt.Sprintf(`{"port": %d}`, own))
+	a = StartAgent(t, bins, trustConfig(t, dir, m.Name, vport, extra))
+	a.WaitFor("both apps ready", time.Minute, func(st *api.Status) bool {
+		return AllReady(st, "victim", 2) && AllReady(st, "asking", 2)
+	})
+	state, err := os.ReadFile(filepath.Join(a.Dir, "state", "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, dir, own, state
+}
+
+// refusedCleanly checks a reload of asking that must be refused with
+// words, and that it changed nothing: state.json as it was, the old
+// workers answering on own.
+func refusedCleanly(t *testing.T, a *Agent, own int, state []byte, words ...string) {
+	t.Helper()
+	before := PIDs(a.App("asking"))
+	r := a.CLIWithin(2*time.Minute, "reload", "asking")
+	t.Logf("deployd reload asking: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	if r.Code == 0 {
+		t.Errorf("the reload was not refused")
+	}
+	for _, w := range append(words, "refused (nothing was bound)", "nothing was changed") {
+		if !strings.Contains(r.Stderr, w) {
+			t.Errorf("the refusal lacks %q", w)
+		}
+	}
+	if now, _ := os.ReadFile(filepath.Join(a.Dir, "state", "state.json")); !bytes.Equal(now, state) {
+		t.Errorf("state.json changed:\nbefore %s\nafter  %s", state, now)
+	}
+	if after := PIDs(a.App("asking")); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("the old workers must serve on: before %v, after %v", before, after)
+	}
+	if body, err := get(t, own, "/"); err != nil || body != "version=asking\n" {
+		t.Errorf("the asking app's own port: %q, %v", body, err)
+	}
+}
+
+// The app's code listens on another app's address: the reload is refused,
+// naming the address, the app that has it and the fix, and every request
+// to the victim's port is answered by the victim.
+func TestDiscoveryCannotTakeAnotherAppsAddress(t *testing.T) {
+	parallel(t)
+	m := newMember(t)
+	vport := FreePort(t)
+	a, dir, own, state := startTrust(t, m, vport, "")
+	aim(t, m, dir, fmt.Sprintf(`{"port": %d}`, vport))
+	refusedCleanly(t, a, own, state, fmt.Sprintf("tcp://127.0.0.1:%d", vport), "which app victim has in the config",
+		`give [apps.asking] its own listen = ["tcp://0.0.0.0:PORT"]`)
+	victimAnswers(t, vport)
+}
+
+// victimAnswers sends 20 requests, each on a new connection, to the
+// victim's port, and wants every one answered by the victim.
+func victimAnswers(t *testing.T, vport int) {
+	t.Helper()
+	const n = 20
+	others := 0
+	for range n {
+		if body, err := get(t, vport, "/"); err != nil || !strings.HasPrefix(body, "version=victim ") {
+			others++
+			t.Logf("not the victim: %q, %v", body, err)
+		}
+	}
+	if others > 0 {
+		t.Errorf("%d of %d requests to the victim's port were not answered by the victim", others, n)
+	}
+}
+
+// listen(port) below 1024 makes root bind nothing for the app's user; root
+// may allow the port with allow_ports, and then it is served.
+func TestDiscoveryBindsNoPrivilegedPortUnlessAllowed(t *testing.T) {
+	parallel(t)
+	m := newMember(t)
+	priv := freePrivilegedPort(t)
+	vport := FreePort(t)
+	a, dir, own, state := startTrust(t, m, vport, "")
+	aim(t, m, dir, fmt.Sprintf(`{"port": %d}`, priv))
+	refusedCleanly(t, a, own, state, fmt.Sprintf("tcp://127.0.0.1:%d", priv), "a privileged port",
+		fmt.Sprintf(`allow_ports = ["%d"]`, priv))
+	if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", priv)); err != nil {
+		t.Fatalf("port %d is held after the refusal: %v", priv, err)
+	} else {
+		ln.Close()
+	}
+
+	a.WriteConfig(trustConfig(t, dir, m.Name, vport, fmt.Sprintf(`allow_ports = ["%d"]`, priv)))
+	mustRun(t, a.CLIWithin(2*time.Minute, "reload", "asking"), "reload with the port allowed")
+	if body, err := get(t, priv, "/"); err != nil || body != "version=asking\n" {
+		t.Errorf("the allowed privileged port: %q, %v", body, err)
+	}
+}
+
+// freePrivilegedPort is a port below 1024 nothing listens on.
+func freePrivilegedPort(t *testing.T) int {
+	t.Helper()
+	for p := 980; p > 900; p-- {
+		if ln, err := net.Listen("tcp", ":"+strconv.Itoa(p)); err == nil {
+			ln.Close()
+			return p
+		}
+	}
+	t.Skip("no free port from 901 to 980")
+	return 0
+}
+
+// listen(path) makes root create no socket file where the app's user
+// chose: the reload is refused, and nothing is at the path.
+func TestDiscoveryMakesNoSocketAtAUsersPath(t *testing.T) {
+	parallel(t)
+	m := newMember(t)
+	a, dir, own, state := startTrust(t, m, FreePort(t), "")
+	path := filepath.Join(m.Dir(t), "app.sock")
+	aim(t, m, dir, fmt.Sprintf(`{"path": %q}`, path))
+	refusedCleanly(t, a, own, state, "unix://"+path, "a unix socket path its config does not name",
+		fmt.Sprintf(`root adds listen = ["unix://%s"]`, path))
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Errorf("something is at the app user's path %s: %v", path, err)
+	}
+}
+
+// A unix listener in a folder the app's user can write: after the user
+// swapped the folder for a link into a root-only folder, closing the
+// listener no app uses removes nothing through the link.
+func TestClosingAUnixListenerNeverFollowsALink(t *testing.T) {
+	parallel(t)
+	m := newMember(t)
+	run := filepath.Join(m.Dir(t), "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m.Own(t, run)
+	sock := filepath.Join(run, "app.sock")
+	cfg := fmt.Sprintf("[apps.web]\ncommand = [\"%%TESTAPP%%\"]\ninstances = 1\nlisten = [\"unix://%s\"]\nuser = %q\n", sock, m.Name)
+	a := StartAgent(t, bins, cfg)
+	a.WaitFor("ready", time.Minute, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	if fi, err := os.Lstat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("the socket at %s: %v", sock, err)
+	}
+	secret := filepath.Join(rootOnlyDir(t, 0o700), "app.sock")
+	if err := os.WriteFile(secret, []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The app's user swaps its folder for a link.
+	if err := os.Rename(run, run+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(secret), run); err != nil {
+		t.Fatal(err)
+	}
+	// Root moves the app to a TCP port: the unix listener loses its last lease.
+	a.WriteConfig(appConfig("web", FreePort(t), 1, fmt.Sprintf("user = %q", m.Name)))
+	mustRun(t, a.CLIWithin(2*time.Minute, "reload", "web"), "reload to a tcp listener")
+	a.WaitFor("the listener closed", 10*time.Second, func(*api.Status) bool {
+		return strings.Contains(a.Log(), "closing listener no app uses")
+	})
+	if b, err := os.ReadFile(secret); err != nil || string(b) != "root's" {
+		t.Errorf("the root-only file behind the link: %q, %v", b, err)
+	}
+	if !strings.Contains(a.Log(), "socket file left in place") {
+		t.Errorf("the agent log does not say the socket file was left in place:\n%s", a.Log())
+	}
+}
+
+// A LISTEN= sent over NOTIFY_SOCKET (here by a child of the app, claiming
+// the victim's port) is not a report: the agent takes the address from the
+// preload's own channel, the port the app's code listens on.
+func TestDiscoveryIgnoresListenOverNotifySocket(t *testing.T) {
+	parallel(t)
+	if _, err := exec.LookPath("systemd-notify"); err != nil {
+		t.Skip("needs systemd-notify to send LISTEN= over NOTIFY_SOCKET")
+	}
+	m := newMember(t)
+	vport := FreePort(t)
+	a, dir, _, _ := startTrust(t, m, vport, "")
+	next := FreePort(t)
+	aim(t, m, dir, fmt.Sprintf(`{"port": %d, "notify": "LISTEN=tcp://127.0.0.1:%d"}`, next, vport))
+	mustRun(t, a.CLIWithin(2*time.Minute, "reload", "asking"), "reload of the app that sends LISTEN= over NOTIFY_SOCKET")
+	want := fmt.Sprintf("tcp://127.0.0.1:%d (discovered)", next)
+	if got := a.App("asking").Listen; len(got) != 1 || got[0] != want {
+		t.Errorf("status listen = %q, want [%q]", got, want)
+	}
+	if !strings.Contains(a.Log(), "ignored LISTEN= on NOTIFY_SOCKET") {
+		t.Errorf("the agent log does not say it ignored the LISTEN=:\n%s", a.Log())
+	}
+	victimAnswers(t, vport)
+}
