@@ -276,7 +276,7 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		StopSignal:  app.StopSignal,
 		StopTimeout: app.StopTimeout, QuietTimeout: app.QuietTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
-		Health: healthPolicy(app.Health),
+		Health: healthPolicy(app.Health), BindTrap: app.TrapsBind(),
 	}
 	if app.RecycleAt != "" {
 		sched, err := config.ParseRecycleAt(app.RecycleAt) // checked when the config was read

@@ -20,6 +20,7 @@ func readyPolicy(r config.Ready) workers.ReadyPolicy {
 		config.ReadyLog:     workers.ReadyLog,
 		config.ReadyDelay:   workers.ReadyDelay,
 		config.ReadyHTTP:    workers.ReadyHTTP,
+		config.ReadyBind:    workers.ReadyBind,
 	}[r.Mode]
 	return workers.ReadyPolicy{Mode: mode, Regex: r.Regex, Delay: r.Delay, Path: r.Path}
 }

@@ -88,7 +88,7 @@ func apiWorker(w workers.WorkerStatus) api.Worker {
 		CPUPercent: w.CPUPercent, RSSBytes: w.RSSBytes, Status: w.Status,
 		HealthReplacements: w.HealthReplacements, HealthFailures: w.HealthFailures,
 		HealthFailuresTotal: w.HealthFailuresTotal, HealthError: w.HealthError, Connections: w.Connections,
-		Spare: w.Spare,
+		Spare: w.Spare, Socket: w.Socket,
 	}
 	if w.Steered {
 		n := w.SteeredConnections

@@ -125,9 +125,9 @@ func configCommand() *cli.Command {
 					case len(ls) == 0:
 						ls = []string{"none"}
 					}
-					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s\n",
+					fmt.Fprintf(w, "  app %s: %d workers of %s, listen %s, ready %s, min_ready %s, tcp_nodelay %t, node %s, sockets %s\n",
 						n, a.Instances, strings.Join(a.Command, " "), strings.Join(ls, " "), a.Ready.Raw,
-						a.MinReady, a.TCPNoDelay, nodeMode(a))
+						a.MinReady, a.TCPNoDelay, nodeMode(a), a.SocketSource())
 					if a.Environment != "" {
 						fmt.Fprintf(w, "    environment %s: the variables of [apps.%s.env_%s] over env\n", a.Environment, n, a.Environment)
 					}

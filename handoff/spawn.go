@@ -48,7 +48,12 @@ type Proc struct {
 	Fixed []FixedFile
 	// Keep are the agent's ends that the worker holds for the next agent
 	// should this one die (keep.go): fds KeepFD, KeepFD+1, ...
-	Keep       []*os.File
+	Keep []*os.File
+	// Trap, when set, is the shim's end of a bindtrap.Pair, passed at fd
+	// TrapFD: the shim installs the bind trap, sends its notify fd on it,
+	// and the worker keeps the notify fd at TrapFD (bindtrap.go). Ignored
+	// with Direct, which has no shim.
+	Trap       *os.File
 	Credential *syscall.Credential
 	// Pin pins the worker to CPU (the shim sets the affinity before it
 	// execs the app).
@@ -109,6 +114,13 @@ func Start(p Proc) (*os.Process, error) {
 		files = append(files, fd)
 	}
 	fixed := p.Fixed
+	if p.Trap != nil {
+		fd, err := rawFd(p.Trap)
+		if err != nil {
+			return nil, err
+		}
+		fixed = append(fixed, FixedFile{At: TrapFD, Fd: fd})
+	}
 	for i, f := range p.Keep {
 		fd, err := rawFd(f)
 		if err != nil {
@@ -123,11 +135,14 @@ func Start(p Proc) (*os.Process, error) {
 		EnvListenFDs+"="+strconv.Itoa(nfds),
 		EnvListenFDNames+"="+strings.Join(names, ":"))
 	path, argv := p.Shim, []string{p.Shim, ShimArg}
-	if p.Direct && !p.Pin && p.Exec != "" {
+	if p.Direct && !p.Pin && p.Trap == nil && p.Exec != "" {
 		path, argv = p.Exec, p.Argv
 	} else {
 		if p.Pin {
 			argv = append(argv, "--cpu", strconv.Itoa(p.CPU))
+		}
+		if p.Trap != nil {
+			argv = append(argv, trapArg, strconv.Itoa(TrapFD))
 		}
 		argv = append(append(argv, "--"), p.Argv...)
 	}
@@ -147,6 +162,7 @@ func Start(p Proc) (*os.Process, error) {
 	runtime.KeepAlive(p.Extra)
 	runtime.KeepAlive(p.Health)
 	runtime.KeepAlive(p.Keep)
+	runtime.KeepAlive(p.Trap)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", p.Argv[0], err)
 	}
@@ -202,6 +218,12 @@ func RunShim(args []string) int {
 		if err := unix.SchedSetaffinity(0, &set); err != nil {
 			fmt.Fprintf(os.Stderr, "deployd exec: pin to CPU %d: %v\n", cpu, err)
 			return 126
+		}
+		args = args[2:]
+	}
+	if len(args) > 1 && args[0] == trapArg {
+		if code := shimTrap(args[1]); code != 0 {
+			return code
 		}
 		args = args[2:]
 	}

@@ -393,6 +393,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, *channels, erro
 		w.state, w.readyAt = Ready, h.ReadyAt
 		w.readyOnce.Do(func() { close(w.ready) })
 	}
+	adoptTrap(a, spec, h, w)
 	w.members = adoptMembers(spec, h)
 	w.sockets = memberInodes(w.members) // nil for one already steered: found in /proc
 	if h.Unit != nil {

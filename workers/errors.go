@@ -115,6 +115,10 @@ func readyHint(spec *Spec) string {
 			return nodeReadyHint(spec)
 		}
 		return `; with ready = "notify" the app must send READY=1 to $NOTIFY_SOCKET (sd_notify) once it listens`
+	case ReadyBind:
+		return `; with ready = "bind" (the default where the agent answers the app's binds) the app must bind the port of every TCP listen ` +
+			`(its own bind, e.g. ListenAndServe(":PORT"), or PORT from its env) or send READY=1 to $NOTIFY_SOCKET; ` +
+			`an app that binds another port gets no answer: check PORT and listen`
 	case ReadyLog:
 		return fmt.Sprintf(`; with ready = "log:..." a line of its output must match %s`, spec.Ready.Regex)
 	case ReadyHTTP:

@@ -104,7 +104,7 @@ func (s *Spec) Identity() string {
 		Groups              []uint32
 		Listeners           []lis
 		Node, Indirect, Pin bool
-	}{Release: s.Release, Dir: s.Dir, Ready: string(s.Ready.Mode), Argv: s.Argv,
+	}{Release: s.Release, Dir: s.Dir, Ready: identityReady(s.Ready.Mode), Argv: s.Argv,
 		Env: slices.DeleteFunc(slices.Clone(s.Env), perInvocation), UID: -1, GID: -1, Pin: s.CPUAffinity}
 	sort.Strings(id.Env)
 	if c := s.Credential; c != nil {
@@ -309,6 +309,10 @@ func (w *Worker) describe() *Handover {
 			h.files[name] = f
 			h.Streams = append(h.Streams, name)
 		}
+	}
+	if f := w.trap.file(); f != nil {
+		h.files[trapStream] = f
+		h.Streams = append(h.Streams, trapStream)
 	}
 	// A worker not yet in the steering map crosses with its own sockets,
 	// for the next agent to put it there once it is ready.

@@ -17,6 +17,10 @@ const (
 	// ReadyHTTP: GET Path on the worker's private health socket answers
 	// 2xx (READY=1 on NOTIFY_SOCKET does not count then).
 	ReadyHTTP ReadyMode = "http"
+	// ReadyBind: the worker's own bind of every configured listen was
+	// answered with the agent's socket (Spec.BindTrap), or READY=1 came
+	// on NOTIFY_SOCKET, whichever is first.
+	ReadyBind ReadyMode = "bind"
 )
 
 // ReadyPolicy is the readiness policy of a spec.

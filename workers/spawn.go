@@ -251,6 +251,14 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		Stdout: c.outW, Stderr: c.errW, Listeners: ls, Health: c.health, Extra: extra, Fixed: fixed,
 		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
 	}
+	trapEnd, err := trapPair(spec, &hp, kept)
+	if err != nil {
+		unit.DropCgroup()
+		c.closeChild()
+		c.closeParent()
+		closeMembers(members)
+		return nil, err
+	}
 	hp.Cgroup, hp.UseCgroup = unit.CgroupFD()
 	proc, err := handoff.Start(hp)
 	if err != nil && hp.UseCgroup {
@@ -263,7 +271,9 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if f := c.notifyCopy; f != nil {
 		f.Close()
 	}
+	closeFiles(hp.Trap)
 	if err != nil {
+		closeFiles(trapEnd)
 		unit.DropCgroup()
 		c.closeParent()
 		closeMembers(members)
@@ -278,6 +288,9 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		Started: time.Now(), spec: spec, proc: proc, startTime: start, tail: logs.NewTail(tailLines),
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, kept: kept,
 		members: members, sockets: memberInodes(members), unit: unit,
+	}
+	if trapEnd != nil {
+		w.startTrap(a.log, spec, ls, trapEnd, nil)
 	}
 	w.serve(a, spec, c, nil)
 	return w, nil
@@ -354,6 +367,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 	}
 	go func() {
 		w.wait(a.log, &readers, chans, pipes)
+		w.trap.close()
 		stopHealth()
 		c.notify.Close()
 		notifyDone.Wait()

@@ -36,6 +36,9 @@ type WorkerStatus struct {
 	// the place of one that is not (Spec.Spares), or, a new worker of a
 	// steered pool, until its reload switches it in.
 	Spare bool
+	// Socket says how the worker got its listeners: "inherited fd",
+	// "node preload" or "answered bind (...)" (bindtrap.go).
+	Socket string
 	// SteeredConnections counts the new connections kernel steering gave
 	// the worker since it took its place (Steered false: not counted).
 	SteeredConnections uint64
@@ -156,7 +159,7 @@ func (in *state) workerStatus(w *Worker, now time.Time) WorkerStatus {
 		Generation: w.Generation, Uptime: now.Sub(w.Started),
 		CPUPercent: u.CPUPercent, RSSBytes: u.RSSBytes, Status: w.status,
 		HealthFailures: w.health.fails, HealthFailuresTotal: w.health.total, HealthError: w.health.last,
-		Queued: queued, QueueKnown: known}
+		Queued: queued, QueueKnown: known, Socket: w.socketSource()}
 	if !w.readyAt.IsZero() {
 		ws.ReadyAfter = w.readyAt.Sub(w.Started)
 	}

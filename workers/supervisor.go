@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/handoff/bindtrap"
 	"github.com/deployd/deployd/internal/procstat"
 	"github.com/deployd/deployd/workers/logs"
 	"github.com/deployd/deployd/workers/nodejs"
@@ -75,6 +76,14 @@ type Spec struct {
 	CPUAffinity bool
 	// Node, when set, starts the workers with deployd's Node.js preload.
 	Node *nodejs.Spec
+	// BindTrap: a worker's own bind of a listener's address is answered
+	// with the agent's socket (bindtrap.go, handoff/bindtrap).
+	BindTrap bool
+	// BindPolicy, when set, decides a worker's binds instead of
+	// bindtrap.Match (a TCP bind of a listen's port takes its socket,
+	// every other bind runs as asked): the agent's address trust policy.
+	// It gets the sockets of the worker's listens.
+	BindPolicy func([]bindtrap.Listen) bindtrap.Decide
 }
 
 // AppState is the state of an app's pool.

@@ -162,7 +162,7 @@ func TakeBack(p Process) (*Handover, error) {
 	h := &Handover{Slot: p.Slot, PID: p.PID, StartTime: p.StartTime, Generation: p.Generation,
 		Release: p.Release, Identity: p.Identity, Started: p.Started, ReadyAt: p.ReadyAt,
 		StopSignal: p.StopSignal, StopTimeout: p.StopTimeout, Kept: p.Kept, Unit: p.Unit, files: map[string]*os.File{}}
-	for _, name := range []string{"notify", "out", "err", "outj", "errj", "ipc", "node"} {
+	for _, name := range []string{"notify", "out", "err", "outj", "errj", "ipc", "node", trapStream} {
 		n, ok := p.Kept[name]
 		if !ok {
 			continue

@@ -104,6 +104,9 @@ type Worker struct {
 
 	// node is set for a worker with the Node.js preload (see node.go).
 	node *nodeWorker
+	// trap answers the worker's binds (Spec.BindTrap; bindtrap.go). Set
+	// before serve.
+	trap *workerTrap
 }
 
 // Ready is closed when the worker reported ready.

@@ -129,6 +129,11 @@ type Worker struct {
 	// that is not known (an agent not run as root, a worker of another
 	// user).
 	Connections *int `json:"connections,omitempty"`
+	// Socket says how the worker got its listeners: "inherited fd" (fd 3
+	// and up), "node preload" (deployd's Node.js preload mapped its
+	// listen) or "answered bind (N of M binds took the agent's socket)"
+	// (its own bind was answered with the agent's socket).
+	Socket string `json:"socket,omitempty"`
 }
 
 // ReloadRequest is the body of POST /v1/reload.

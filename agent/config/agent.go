@@ -30,6 +30,8 @@ type hostEnv struct {
 	// (safeopen.Trust.CheckFolder); nil skips the check (tests that
 	// pretend to be another user).
 	checkFolder func(t safeopen.Trust, dir string) error
+	// trapCheck, when set, stands for bindtrap.Supported (bind.go).
+	trapCheck func() error
 }
 
 func currentEnv() hostEnv {

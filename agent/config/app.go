@@ -24,6 +24,7 @@ type rawApp struct {
 	Listen       toml.Primitive `toml:"listen"`
 	AllowPorts   toml.Primitive `toml:"allow_ports"`
 	Ready        toml.Primitive `toml:"ready"`
+	Bind         toml.Primitive `toml:"bind"`
 	ReadyTimeout toml.Primitive `toml:"ready_timeout"`
 	MinReady     toml.Primitive `toml:"min_ready"`
 	TCPNoDelay   toml.Primitive `toml:"tcp_nodelay"`
@@ -97,6 +98,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		},
 		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
 		Node:  "auto",
+		Bind:  BindAuto,
 		Hooks: Hooks{BeforeTimeout: DefaultBeforeTimeout, AfterTimeout: DefaultAfterTimeout},
 	}
 }
@@ -146,9 +148,10 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 		if r, err := parseReady(s); err != nil {
 			d.fail(k("ready"), strconv.Quote(s), err)
 		} else {
-			a.Ready = r
+			a.Ready, a.ReadySet = r, true
 		}
 	}
+	d.bind(raw.Bind, k("bind"), a)
 	d.duration(raw.ReadyTimeout, k("ready_timeout"), &a.ReadyTimeout, false)
 	d.duration(raw.MinReady, k("min_ready"), &a.MinReady, true)
 	d.boolean(raw.TCPNoDelay, k("tcp_nodelay"), &a.TCPNoDelay)

@@ -45,6 +45,8 @@ func fakeEnv(euid int) hostEnv {
 		getenv: func(k string) string { return vars[k] },
 		home:   func() (string, error) { return "/home/ann", nil },
 		cpus:   func() int { return 4 },
+		// A kernel that answers binds (bind_test.go pretends otherwise).
+		trapCheck: func() error { return nil },
 	}
 }
 
@@ -298,6 +300,7 @@ func TestDefaults(t *testing.T) {
 		},
 		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
 		Node:  "auto",
+		Bind:  BindAuto,
 		Hooks: Hooks{BeforeTimeout: 5 * time.Minute, AfterTimeout: time.Minute},
 	}
 	got, ok := c.Apps["web"]

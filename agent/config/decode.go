@@ -155,7 +155,7 @@ func formatValue(v any) string {
 var (
 	topKeys     = []string{"agent", "apps"}
 	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key", "stream_timeout"}
-	appKeys     = []string{"command", "cwd", "env", "env_file", "env_inherit", "instances", "listen", "allow_ports", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "balance", "spares", "stop_signal", "stop_timeout", "quiet_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "members_may_run_as_root", "watchdog", "recycle_after", "recycle_at", "logs", "node", "health", "hooks", "environment"}
+	appKeys     = []string{"command", "cwd", "env", "env_file", "env_inherit", "instances", "listen", "bind", "allow_ports", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "balance", "spares", "stop_signal", "stop_timeout", "quiet_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "members_may_run_as_root", "watchdog", "recycle_after", "recycle_at", "logs", "node", "health", "hooks", "environment"}
 	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
 	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress"}
 	healthKeys  = []string{"path", "interval", "timeout", "failures"}
@@ -169,7 +169,7 @@ var examples = map[string]string{
 	"metrics": `"127.0.0.1:9901"`, "upgrade_public_key": `"RWQ..." (the second line of a minisign .pub file)`,
 	"command": `["./server", "-v"]`, "cwd": `"/srv/web"`, "env": `{ MODE = "prod" }`,
 	"env_file": `"/etc/deployd/web.env"`, "env_inherit": `["HTTP_PROXY", "NO_PROXY"]`,
-	"instances": `"max"`, "listen": `["tcp://0.0.0.0:8080"]`, "ready": `"notify"`,
+	"instances": `"max"`, "listen": `["tcp://0.0.0.0:8080"]`, "ready": `"notify"`, "bind": `"inherit"`,
 	"ready_timeout": `"30s"`, "min_ready": `"1s"`, "tcp_nodelay": `false`, "balance": `"sticky"`, "spares": `1`, "stop_signal": `"SIGTERM"`, "stop_timeout": `"30s"`, "quiet_timeout": `"5s"`,
 	"nonblocking": `false`, "max_surge": `1`, "canary_timeout": `"15m"`, "canary_action": `"promote"`, "releases": `true`, "keep_releases": `5`,
 	"max_memory": `"512MiB"`, "cpu_affinity": `true`, "user": `"www-data"`,

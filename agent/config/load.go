@@ -97,6 +97,7 @@ func parse(path string, data []byte, env hostEnv) (*Config, error) {
 	c.Agent = d.agent(raw.Agent)
 	c.Apps, c.AppNames = d.apps(raw.Apps)
 	d.checkFolders(c)
+	d.bindDefaults(c.Apps, c.AppNames)
 	d.unknownKeys()
 	if err := ps.err(); err != nil {
 		return nil, err

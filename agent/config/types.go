@@ -61,6 +61,9 @@ const (
 	ReadyLog     ReadyMode = "log"      // an output line matches Regex
 	ReadyDelay   ReadyMode = "delay"    // alive for Delay
 	ReadyHTTP    ReadyMode = "http"     // GET Path on the worker's health socket answers 2xx
+	// ReadyBind: the worker's own bind of every listen was answered (or
+	// READY=1 came first); the default of an app whose binds are answered.
+	ReadyBind ReadyMode = "bind"
 )
 
 // Ready is a parsed `ready = "..."` value.
@@ -196,6 +199,12 @@ type App struct {
 	Node string
 	// Hooks are run by deploy and rollback (hooks.go).
 	Hooks Hooks
+	// Bind is how the workers get their TCP listeners (bind.go): "auto"
+	// (the default: the app's own bind of a listen's address is answered
+	// with the agent's socket, unless the Node.js preload runs) or
+	// "inherit" (fd 3 and up only). ReadySet: the file names ready.
+	Bind     string
+	ReadySet bool
 }
 
 // Health is the [apps.NAME.health] table: every Interval each ready worker

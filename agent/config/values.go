@@ -232,6 +232,8 @@ func parseReady(s string) (Ready, error) {
 		r.Mode = ReadyNotify
 	case ReadyNodeIPC:
 		r.Mode = ReadyNodeIPC
+	case ReadyBind:
+		r.Mode = ReadyBind
 	case ReadyLog:
 		re, err := regexp.Compile(arg)
 		if err != nil {
