@@ -291,6 +291,9 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 	if spec.Node, err = a.nodeSpec(app, argv, ls); err != nil {
 		return nil, err
 	}
+	if spec.JS, err = a.jsSpec(app, argv, spec.Node != nil); err != nil {
+		return nil, err
+	}
 	return spec, nil
 }
 

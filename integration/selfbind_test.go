@@ -126,15 +126,23 @@ func TestSelfBindingServersReloadUpgradeAndAgentKill(t *testing.T) {
 	}
 }
 
-func checkSelfBinder(t *testing.T, sb selfBinder) {
-	const instances, reloads = 2, 5
-	port := FreePort(t)
+// startSelfBinder starts an agent with instances workers of sb on a free
+// port, ready; app is its config for a version, with more keys of the
+// app's table after it.
+func startSelfBinder(t *testing.T, sb selfBinder, instances int, more string) (a *Agent, port int, app func(ver string) string, st *api.Status) {
+	port = FreePort(t)
 	argv := sb.argv(t, port)
-	app := func(ver string) string { return selfBindApp(argv, port, instances, ver, sb.env) }
-	a := NewAgentDir(t, bins, app("v1"))
+	app = func(ver string) string { return selfBindApp(argv, port, instances, ver, sb.env) + more }
+	a = NewAgentDir(t, bins, app("v1"))
 	a.UseOwnBinary()
 	a.Start()
-	st := a.WaitFor("ready", 60*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	st = a.WaitFor("ready", 60*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	return a, port, app, st
+}
+
+func checkSelfBinder(t *testing.T, sb selfBinder) {
+	const instances, reloads = 2, 5
+	a, port, app, st := startSelfBinder(t, sb, instances, "")
 	for _, w := range appOf(st, "web").Workers {
 		if !strings.HasPrefix(w.Socket, "answered bind (") {
 			t.Errorf("worker %d: socket %q, want its bind answered\n%s", w.PID, w.Socket, a.Log())

@@ -206,6 +206,11 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 			return nil, fmt.Errorf("%w: %w", ErrNotRecorded, err)
 		}
 	}
+	if spec.JS != nil { // Bun and Deno: their drain preload (jsdrain)
+		if err := spec.JS.Verify(); err != nil {
+			return nil, err
+		}
+	}
 	ls, members, err := workerListeners(spec)
 	if err != nil {
 		return nil, err
@@ -227,7 +232,10 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	env := workerEnv(a, spec, slot, c)
 	env = append(env, unit.Env())
 	var fixed []handoff.FixedFile
-	direct, execPath := false, ""
+	direct, execPath, argv := false, "", spec.Argv
+	if spec.JS != nil {
+		argv, env = spec.JS.Apply(argv, env)
+	}
 	if spec.Node != nil {
 		// node itself (not npm & co.), unpinned: the preload sets
 		// LISTEN_PID, so no shim is needed between the agent and node.
@@ -247,7 +255,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	}
 	keep, kept := c.keep()
 	hp := handoff.Proc{
-		Shim: a.shim, Argv: spec.Argv, Dir: spec.Dir, Env: env,
+		Shim: a.shim, Argv: argv, Dir: spec.Dir, Env: env,
 		Stdout: c.outW, Stderr: c.errW, Listeners: ls, Health: c.health, Extra: extra, Fixed: fixed,
 		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
 	}

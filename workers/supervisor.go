@@ -23,6 +23,7 @@ import (
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/handoff/bindtrap"
 	"github.com/deployd/deployd/internal/procstat"
+	"github.com/deployd/deployd/workers/jsdrain"
 	"github.com/deployd/deployd/workers/logs"
 	"github.com/deployd/deployd/workers/nodejs"
 )
@@ -76,6 +77,8 @@ type Spec struct {
 	CPUAffinity bool
 	// Node, when set, starts the workers with deployd's Node.js preload.
 	Node *nodejs.Spec
+	// JS, when set, starts Bun or Deno workers with their drain preload.
+	JS *jsdrain.Spec
 	// BindTrap: a worker's own bind of a listener's address is answered
 	// with the agent's socket (bindtrap.go, handoff/bindtrap).
 	BindTrap bool

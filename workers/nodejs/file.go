@@ -13,17 +13,30 @@ import (
 type Preload struct {
 	// Path is the file node loads: <state_dir>/node/preload-<sha256[:16]>.cjs.
 	Path string
+	data []byte // what the file holds; nil: the Node.js preload
+}
+
+func (p *Preload) bytes() []byte {
+	if p.data != nil {
+		return p.data
+	}
+	return preload
 }
 
 // Install writes the embedded preload under stateDir (folder 0755, file
 // 0644, both the agent's own: readable by workers of any user, writable by
 // the agent alone) unless an identical file is there, and verifies it.
 func Install(stateDir string) (*Preload, error) {
-	dir := filepath.Join(stateDir, "node")
+	return InstallFile(filepath.Join(stateDir, "node"), "preload-"+Sum()[:16]+".cjs", preload)
+}
+
+// InstallFile is Install for another runtime's preload: data written as
+// dir/name with the same modes and checks (workers/jsdrain: Bun and Deno).
+func InstallFile(dir, name string, data []byte) (*Preload, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, errorf("%w", err)
 	}
-	p := &Preload{Path: filepath.Join(dir, "preload-"+Sum()[:16]+".cjs")}
+	p := &Preload{Path: filepath.Join(dir, name), data: data}
 	if err := p.Verify(); err != nil {
 		if err := p.write(); err != nil {
 			return nil, err
@@ -51,11 +64,11 @@ func (p *Preload) Verify() error {
 	if err := ownedNotShared(p.Path, false); err != nil {
 		return err
 	}
-	got, err := io.ReadAll(io.LimitReader(f, int64(len(preload))+1))
+	got, err := io.ReadAll(io.LimitReader(f, int64(len(p.bytes()))+1))
 	if err != nil {
 		return errorf("read %s: %w", p.Path, err)
 	}
-	if !bytes.Equal(got, preload) {
+	if !bytes.Equal(got, p.bytes()) {
 		return errorf("%s differs from the preload built into deployd", p.Path)
 	}
 	return nil
@@ -101,7 +114,7 @@ func (p *Preload) write() error {
 		return errorf("%w", err)
 	}
 	tmp := f.Name()
-	_, err = f.Write(preload)
+	_, err = f.Write(p.bytes())
 	if err == nil {
 		err = f.Chmod(0o644)
 	}

@@ -1,0 +1,52 @@
+package integration
+
+import (
+	"testing"
+	"time"
+
+	"github.com/deployd/deployd/agent/api"
+)
+
+// Bun.serve and Deno.serve apps as their docs write them (no signal code,
+// their bind answered with the agent's socket), 2 workers: over 5 reloads
+// under a keep-alive and a new-connection load at once no request fails.
+// Without deployd's drain preload (workers/jsdrain) both exit on SIGTERM
+// with requests in flight, and close kept-alive connections under their
+// clients.
+func TestBunAndDenoDrainedOnReload(t *testing.T) {
+	for _, sb := range selfBinders {
+		if sb.name != "bun" && sb.name != "deno" {
+			continue
+		}
+		t.Run(sb.name, func(t *testing.T) {
+			parallelUnderLoad(t)
+			checkJSDrain(t, sb)
+		})
+	}
+}
+
+func checkJSDrain(t *testing.T, sb selfBinder) {
+	const instances, reloads = 2, 5
+	more := ""
+	if sb.name == "deno" {
+		// Deno's shutdown closes connections it accepted and has not read:
+		// with a socket per worker the agent's quiet stop runs them dry first.
+		more = "balance = \"even\"\n"
+	}
+	a, port, app, _ := startSelfBinder(t, sb, instances, more)
+	stop := startLoad(t, port, 20, 3*time.Minute)
+	for i := range reloads {
+		ver := "v" + string(rune('2'+i))
+		r, took := reloadTo(a, "web", app(ver))
+		if r.Code != 0 {
+			t.Fatalf("reload to %s: exit %d\n%s\n%s", ver, r.Code, r.Stderr, a.Log())
+		}
+		t.Logf("reload to %s took %s", ver, took.Round(time.Millisecond))
+	}
+	a.WaitFor("the old workers to drain", 30*time.Second, func(st *api.Status) bool {
+		return AllReady(st, "web", instances) && len(appOf(st, "web").Draining) == 0
+	})
+	ka, nka := stop()
+	requireNoFailures(t, sb.name+" reloads, keep-alive", ka)
+	requireNoFailures(t, sb.name+" reloads, new-connection", nka)
+}
