@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -12,7 +13,8 @@ import (
 // under a keep-alive and a new-connection load at once no request fails.
 // Without deployd's drain preload (workers/jsdrain) both exit on SIGTERM
 // with requests in flight, and close kept-alive connections under their
-// clients.
+// clients (DEPLOYD_TEST_JSDRAIN=off runs the test with node = "off",
+// which turns the drain off).
 func TestBunAndDenoDrainedOnReload(t *testing.T) {
 	for _, sb := range selfBinders {
 		if sb.name != "bun" && sb.name != "deno" {
@@ -32,6 +34,9 @@ func checkJSDrain(t *testing.T, sb selfBinder) {
 		// Deno's shutdown closes connections it accepted and has not read:
 		// with a socket per worker the agent's quiet stop runs them dry first.
 		more = "balance = \"even\"\n"
+	}
+	if os.Getenv("DEPLOYD_TEST_JSDRAIN") == "off" { // the figures without the drain
+		more += "node = \"off\"\n"
 	}
 	a, port, app, _ := startSelfBinder(t, sb, instances, more)
 	stop := startLoad(t, port, 20, 3*time.Minute)

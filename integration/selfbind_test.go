@@ -113,8 +113,9 @@ env = { PORT = "%d", APP_VERSION = %q%s }
 // unanswered, a connection it accepted before the signal and reads after
 // it (net/http conn.serve: "if c.server.shuttingDown() { return }"), the
 // JDK's HttpServer.stop, uvicorn and Deno reset the ones they accepted and
-// had not read, Bun and Deno exit on SIGTERM as their docs write them, and
-// all close idle kept-alive connections under their client. They are
+// had not read, Bun and Deno, as their docs write them, exit on SIGTERM
+// unless deployd's drain preload runs them (jsdrain_test.go asserts that),
+// and all close idle kept-alive connections under their client. They are
 // counted and logged, not failed, as with the same server on an inherited
 // fd 3: the drains issue makes them the agent's business (a quiet stop).
 func TestSelfBindingServersReloadUpgradeAndAgentKill(t *testing.T) {
