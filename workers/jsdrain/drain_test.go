@@ -65,7 +65,7 @@ func startApp(t *testing.T, rt Runtime, drain bool) (cmd *exec.Cmd, port int, ou
 	port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	app, src := filepath.Join(dir, "app.js"), bunApp
-	argv := []string{bin, app}
+	argv := []string{bin, "run", app} // bun run: the form BUN_OPTIONS must not break
 	if rt == Deno {
 		src, argv = denoApp, []string{bin, "run", "--allow-net", "--allow-env", app}
 	}

@@ -4,7 +4,7 @@
 // signal "Connection: close" on every response, stop accepting after a
 // short close window, exit once no request is in flight), tells from a
 // command whether it runs bun or deno, and changes a worker's argv and env
-// so that the runtime loads its preload: BUN_OPTIONS="--preload FILE" for
+// so that the runtime loads its preload: BUN_OPTIONS="--preload=FILE" for
 // Bun (which reaches bun through npm and sh too), `deno run --preload FILE`
 // for Deno (Deno has no variable for it, so only a command that names deno
 // itself gets it; another falls back to the agent's quiet stop).
@@ -98,7 +98,7 @@ func (s *Spec) Verify() error {
 
 // Apply returns argv and env for one start, with the preload the runtime
 // loads (Verify it first).
-// Bun: BUN_OPTIONS gets "--preload FILE" in front of the app's own.
+// Bun: BUN_OPTIONS gets "--preload=FILE" in front of the app's own.
 // Deno: "--preload FILE" after `run` (or after deno, for `deno FILE`);
 // a command that does not name deno itself is left as it is.
 func (s *Spec) Apply(argv, env []string) ([]string, []string) {
@@ -118,7 +118,9 @@ func (s *Spec) Apply(argv, env []string) ([]string, []string) {
 	}
 	switch s.Runtime {
 	case Bun:
-		o := "--preload " + quote(s.Preload.Path)
+		// The = form: bun run <script> misreads "--preload FILE" from the
+		// variable (it prints its usage and exits).
+		o := "--preload=" + quote(s.Preload.Path)
 		if opts != "" {
 			o += " " + opts
 		}

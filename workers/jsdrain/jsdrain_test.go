@@ -51,7 +51,7 @@ func TestApply(t *testing.T) {
 	if !slices.Equal(argv, []string{"bun", "s.js"}) {
 		t.Errorf("bun argv %q changed", argv)
 	}
-	wantEnv := []string{"PATH=/bin", "BUN_OPTIONS=--preload " + bun.Preload.Path + " --smol",
+	wantEnv := []string{"PATH=/bin", "BUN_OPTIONS=--preload=" + bun.Preload.Path + " --smol",
 		`DEPLOYD_BUN={"stopSignal":"SIGTERM","stopTimeoutMs":15000}`}
 	if !slices.Equal(env, wantEnv) {
 		t.Errorf("bun env %q, want %q", env, wantEnv)
