@@ -10,7 +10,8 @@
 // that each kept-alive client's next request is answered rather than cut,
 // then server.stop() stops accepting (Bun lets in-flight requests finish,
 // then closes what is idle), and the process exits once no request is in
-// flight, or a little before stop_timeout.
+// flight, or a little before stop_timeout. An app with its own handler
+// for the signal exits when it decides (its cleanup may take longer).
 (function deploydBunPreload() {
   var raw = process.env.DEPLOYD_BUN;
   if (!raw || typeof Bun === 'undefined') return;
@@ -96,8 +97,13 @@
     maybeExit();
   }
 
+  // appExits: the app has a handler of its own for the signal; it decides
+  // when to exit (its cleanup may outlast the drain), the drain only
+  // answers with Connection: close and stops the servers.
+  var appExits = false;
+
   function maybeExit() {
-    if (stopped && pending() === 0) {
+    if (stopped && !appExits && pending() === 0) {
       // One more turn: Bun writes the last response before the exit.
       setTimeout(function () { if (pending() === 0) process.exit(0); }, 20);
     }
@@ -106,7 +112,10 @@
   process.on(signal, function () {
     if (draining) return;
     draining = true;
+    appExits = process.listenerCount(signal) > 1;
     setTimeout(stopAll, closeWindow);
-    setTimeout(function () { process.exit(0); }, Math.max(stopTimeout - 1000, stopTimeout * 0.9)).unref();
+    if (!appExits) {
+      setTimeout(function () { process.exit(0); }, Math.max(stopTimeout - 1000, stopTimeout * 0.9)).unref();
+    }
   });
 })();
