@@ -57,6 +57,21 @@ func TestInFlightRequestFinishesWithConnectionClose(t *testing.T) {
 
 func startApp(t *testing.T, rt Runtime, drain bool) (cmd *exec.Cmd, port int, out *bufio.Reader) {
 	t.Helper()
+	src := bunApp
+	if rt == Deno {
+		src = denoApp
+	}
+	return startAppWith(t, rt, src, drain)
+}
+
+// startAppSource starts src with the drain.
+func startAppSource(t *testing.T, rt Runtime, src string) (*exec.Cmd, int, *bufio.Reader) {
+	t.Helper()
+	return startAppWith(t, rt, src, true)
+}
+
+func startAppWith(t *testing.T, rt Runtime, src string, drain bool) (cmd *exec.Cmd, port int, out *bufio.Reader) {
+	t.Helper()
 	bin, dir := runtimeBin(t, rt), t.TempDir()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,10 +79,10 @@ func startApp(t *testing.T, rt Runtime, drain bool) (cmd *exec.Cmd, port int, ou
 	}
 	port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	app, src := filepath.Join(dir, "app.js"), bunApp
+	app := filepath.Join(dir, "app.js")
 	argv := []string{bin, "run", app} // bun run: the form BUN_OPTIONS must not break
 	if rt == Deno {
-		src, argv = denoApp, []string{bin, "run", "--allow-net", "--allow-env", app}
+		argv = []string{bin, "run", "--allow-net", "--allow-env", app}
 	}
 	if err := os.WriteFile(app, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
@@ -201,5 +216,26 @@ func checkInFlight(t *testing.T, rt Runtime, drain bool) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatalf("%s still runs 15 s after its drain", rt)
+	}
+}
+
+// A Bun app with its own handler for the stop signal exits when it
+// decides: the drain does not cut its cleanup short (here it exits 7 once
+// its cleanup is done, after the drain had nothing left).
+func TestBunAppsOwnStopHandlerDecidesTheExit(t *testing.T) {
+	cmd, port, out := startAppSource(t, Bun, bunApp+`
+process.on("SIGTERM", () => { setTimeout(() => { console.log("cleaned up"); process.exit(7); }, 2500); });`)
+	c, r := dial(t, port)
+	if _, _, err := get(c, r, "/"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitLine(t, out, "cleaned up")
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("bun exited with %v, want the app's own exit 7 after its cleanup", err)
 	}
 }
