@@ -288,6 +288,9 @@ function run(cfg) {
     // pipe in its parent process, an admin socket): the app binds it
     // itself, as its own user, and it is never the port the app serves.
     if (r.kind === 'other' || (r.kind === 'unix' && find(r) === -1)) {
+      if (r.kind === 'unix' && cfg.discover) {
+        send(['STATUS=left listen(' + path.resolve(r.path) + ') to the app: a unix socket the config does not name is its own']);
+      }
       var srv = this;
       // Before the app's own listening callbacks, which may report readiness.
       srv.prependOnceListener('listening', function () { adopt(srv); });
