@@ -342,7 +342,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		readers.Add(1)
 		w.pz.add(c.node.ch.Parent)
 		w.ends["node"] = c.node.ch.Parent
-		go w.readNode(&readers, c.node.ch.Parent, spec.Ready)
+		go w.readNode(&readers, c.node.ch.Parent, spec.Ready, a.log)
 		pipes = append(pipes, c.node.ch.Parent)
 	}
 	if spec.Ready.Mode == ReadyDelay && !w.isReady() {
