@@ -170,6 +170,10 @@ func (a *Agent) rollFailed(rt *appRT, version string, err error, res *api.Deploy
 			rt.log.Error("record failed release", "error", serr)
 		}
 	}
+	if ab != nil && ab.First {
+		rt.log.Error("release not deployed; there was no previous one, and nothing serves", "version", version, "error", err)
+		return
+	}
 	rt.log.Error("release not deployed; the previous one keeps serving", "version", version, "error", err)
 }
 
