@@ -74,7 +74,7 @@ type Agent struct {
 	reg      *handoff.Registry // every listener of every app
 
 	apps       appSet
-	generation atomic.Int64 // the last spec's generation (specFor); no lock
+	generation generations // each app's last spec generation (specFor)
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
