@@ -394,7 +394,12 @@ func (a *Agent) listenControl() (net.Listener, error) {
 	}
 	a.createdRunDir = created
 	if ln, err := a.upg.Fds().Listener("unix", path); err == nil && ln != nil {
+		// The folder the first agent created is each next one's to remove.
+		a.createdRunDir = os.Getenv(envCreatedRunDir)
 		return ln, nil // inherited from the previous agent
+	}
+	if created != "" {
+		os.Setenv(envCreatedRunDir, created) // for the agents an upgrade starts
 	}
 	if _, err := os.Lstat(path); err == nil {
 		c, err := net.DialTimeout("unix", path, time.Second)
