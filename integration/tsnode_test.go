@@ -130,3 +130,36 @@ func TestStartTsNodeClusterApp(t *testing.T) {
 		t.Errorf("the agent's log does not say the workers drained:\n%s", a.Log())
 	}
 }
+
+// The same cluster app as an ES module ("type": "module") run by the
+// project's tsx: its imports do not go through require, so the preload
+// must know a .ts entry is an ES module to give it the worker branch;
+// else each deployd worker forked a cluster of its own.
+func TestStartTsxESMClusterAppTakesTheWorkerBranch(t *testing.T) {
+	parallel(t)
+	port := FreePort(t)
+	dir := nodeApp(t, "express4", port, map[string]string{"package.json": `{"type": "module"}`})
+	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	body := strings.ReplaceAll(clusterTS, "3000", strconv.Itoa(port))
+	if err := os.WriteFile(filepath.Join(dir, "src", "cluster.ts"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(nodeFixtures(t), "node_modules", "tsx"), filepath.Join(dir, "node_modules", "tsx")); err != nil {
+		t.Fatal(err)
+	}
+	a := NewAgentDir(t, bins, agentOnlyConfig)
+	a.Start()
+	if r := a.CLIIn(dir, "start", "src/cluster.ts", "-i", "2"); r.Code != 0 {
+		t.Fatalf("deployd start src/cluster.ts -i 2: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
+	}
+	a.WaitFor("2 ready workers", 60*time.Second, func(st *api.Status) bool { return AllReady(st, "cluster", 2) })
+	out, _ := os.ReadFile(filepath.Join(a.Dir, "logs", "cluster.out.log"))
+	if strings.Contains(string(out), "forking") {
+		t.Errorf("a deployd worker took the cluster primary's branch and forked:\n%s", out)
+	}
+	if n := strings.Count(string(out), "listening on port"); n != 2 {
+		t.Errorf("%d processes said they listen, want 2 (the deployd workers):\n%s", n, out)
+	}
+}

@@ -796,10 +796,13 @@ function run(cfg) {
     if (esmEntry(process.argv[1])) workerBranch(require('cluster'));
   }
 
+  // esmEntry says whether node runs main as an ES module: .mjs and .mts
+  // always; .js, .ts (run by tsx or type stripping) and a file without an
+  // extension when the nearest package.json says "type": "module".
   function esmEntry(main) {
     if (typeof main !== 'string') return false;
-    if (/\.mjs$/.test(main)) return true;
-    if (!/\.js$/.test(main) && path.extname(main) !== '') return false;
+    if (/\.m[jt]s$/.test(main)) return true;
+    if (!/\.[jt]s$/.test(main) && path.extname(main) !== '') return false;
     var fs = require('fs');
     for (var dir = path.dirname(path.resolve(main)); ; dir = path.dirname(dir)) {
       try {
