@@ -16,16 +16,29 @@ type generations struct {
 // handed over or left, so that a replacement is always newer than the
 // worker it replaces (survivors are sorted by it).
 func (g *generations) next(app string, seen func() int) int {
+	base := 0
+	if !g.known(app) {
+		base = seen()
+	}
+	return g.add(app, base)
+}
+
+// known says whether app has had a generation from g.
+func (g *generations) known(app string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, ok := g.last[app]
+	return ok
+}
+
+// add moves app's count past both its last one and base, and returns it.
+func (g *generations) add(app string, base int) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.last == nil {
 		g.last = make(map[string]int)
 	}
-	n, ok := g.last[app]
-	if !ok {
-		n = seen()
-	}
-	n++
+	n := max(g.last[app], base) + 1
 	g.last[app] = n
 	return n
 }
