@@ -54,7 +54,8 @@ func (s *Supervisor) Discover(spec *Spec) (string, error) {
 	}
 	why := "exited (" + w.ExitDescription() + ")"
 	if timedOut {
-		why = "did not call listen within ready_timeout " + spec.ReadyTimeout.String()
+		why = "did not call listen within ready_timeout " + spec.ReadyTimeout.String() +
+			" (an app that starts slowly, such as one ts-node type-checks first, needs a longer ready_timeout)"
 	}
 	msg := fmt.Sprintf(": app %s has no listen list, and its node process %s", s.opts.App, why)
 	w.mu.Lock()
