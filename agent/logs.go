@@ -245,7 +245,7 @@ func (a *Agent) logFiles(app, verb string, op func(*logs.Sink) error) (*api.LogF
 
 // logOptions are the settings of app's log files.
 func logOptions(app *config.App) logs.Options {
-	return logs.Options{Format: app.Logs.Format, MaxSize: app.Logs.MaxSize, MaxFiles: app.Logs.MaxFiles,
+	return logs.Options{Format: app.Logs.Format, Target: app.Logs.Target, MaxSize: app.Logs.MaxSize, MaxFiles: app.Logs.MaxFiles,
 		MaxAge: app.Logs.MaxAge, Compress: app.Logs.Compress}
 }
 
@@ -264,7 +264,7 @@ func (a *Agent) applyLogSettings(rt *appRT, old, app *config.App, emit func(work
 			return
 		}
 	}
-	rt.log.Info("log settings applied", "format", app.Logs.Format, "max_size", app.Logs.MaxSize,
+	rt.log.Info("log settings applied", "target", app.Logs.Target, "format", app.Logs.Format, "max_size", app.Logs.MaxSize,
 		"max_files", app.Logs.MaxFiles, "max_age", app.Logs.MaxAge, "compress", app.Logs.Compress)
 	emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice), Message: "new [logs] settings applied"})
 }
