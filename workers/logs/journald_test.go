@@ -138,3 +138,20 @@ func TestJournaldResolve(t *testing.T) {
 		})
 	}
 }
+
+func TestJournalLine(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"__REALTIME_TIMESTAMP":"1796008968123456","MESSAGE":"hello","DEPLOYD_WORKER":"2","DEPLOYD_PID":"4242","DEPLOYD_STREAM":"out"}`,
+			"2026-11-30T03:22:48.123Z [web 2 4242] hello\n"},
+		{`{"__REALTIME_TIMESTAMP":"1796008968123456","MESSAGE":[104,255],"DEPLOYD_WORKER":"0","DEPLOYD_PID":"9","DEPLOYD_STREAM":"err"}`,
+			"2026-11-30T03:22:48.123Z [web 0 9] h\xff\n"},
+	} {
+		l, ok := journalLine([]byte(c.in), "web")
+		if got := string(appendLine(nil, FormatText, &l)); !ok || got != c.want {
+			t.Errorf("journalLine(%s) = %q, %v; want %q", c.in, got, ok, c.want)
+		}
+	}
+	if _, ok := journalLine([]byte("not json"), "web"); ok {
+		t.Error("journalLine took a line that is not JSON")
+	}
+}
