@@ -140,7 +140,7 @@ target = "journal"
 
 // countJournal tallies the app's entries in the journal, and counts those
 // whose fields are not what the journal sink sets.
-func countJournal(t *testing.T, sd *realSystemd) (*spamCount, int) {
+func countJournal(t testing.TB, sd *realSystemd) (*spamCount, int) {
 	t.Helper()
 	out, err := sd.run("journalctl", "--no-pager", "-q", "-o", "json",
 		"--output-fields=MESSAGE,SYSLOG_IDENTIFIER,PRIORITY,DEPLOYD_APP,DEPLOYD_WORKER,DEPLOYD_PID,OBJECT_PID,DEPLOYD_STREAM",
