@@ -133,6 +133,11 @@ target = "journal"
 	if len(c.extra) > 0 {
 		t.Errorf("%d lines are in the journal more than once, e.g. %v", len(c.extra), firstKeys(c.extra, 3))
 	}
+	// deployd logs reads the journal for such an app: the last lines, in
+	// the text format.
+	if r := a.CLI("logs", "web", "-n", "3"); r.Code != 0 || strings.Count(r.Stdout, "] line ") != 3 || !strings.Contains(r.Stdout, "[web ") {
+		t.Errorf("deployd logs web -n 3: exit %d, want the app's last 3 lines from the journal:\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
 	if j := sd.journal("deployd"); strings.Contains(j, "Suppressed") {
 		t.Errorf("journald dropped messages of the unit (rate limit):\n%s", tailOf(j, 20))
 	}
