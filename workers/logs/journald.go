@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
+	"github.com/hashicorp/go-hclog"
 )
 
 // A Sink whose Target is TargetJournal writes every line as an entry of the
@@ -58,18 +59,23 @@ type journald struct {
 	settled bool              // the barrier entry was seen
 	id      string            // DEPLOYD_APPEND of the append being written
 	vars    map[string]string // reused for every entry
+	log     hclog.Logger
 }
 
 // newJournaldConn is the conn of the journald Files a Sink opens; tests
 // replace it.
 var newJournaldConn = func() journaldConn { return systemJournal{} }
 
-func newJournald(Options) (File, error) {
+func newJournald(o Options) (File, error) {
 	if !journal.Enabled() {
 		return nil, errors.New("the systemd journal's socket (/run/systemd/journal/socket) is not there; " +
 			`is journald running? or set [apps.NAME.logs] target = "files"`)
 	}
-	return &journald{conn: newJournaldConn(), skip: map[int]int{}, vars: map[string]string{}}, nil
+	log := o.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	return &journald{conn: newJournaldConn(), skip: map[int]int{}, vars: map[string]string{}, log: log}, nil
 }
 
 // Write sends one entry per frame of p. It returns how many bytes of p
@@ -158,11 +164,15 @@ func setOrDelete(m map[string]string, k, v string) {
 // the same worker skips them.
 func (j *journald) resolve(rec *Append) bool {
 	if err := j.settle(); err != nil {
-		return false // it may repeat lines; losing them would be worse
+		j.log.Warn("cannot tell which lines the dead agent sent to the journal; sending them again (some may show twice)", "error", err)
+		return false // losing them would be worse
 	}
 	id := hex.EncodeToString(rec.Sum[:appendIDLen])
 	es, err := j.conn.Count("DEPLOYD_APPEND", id)
-	if err != nil || len(es) == 0 {
+	if err != nil {
+		j.log.Warn("cannot count the dead agent's entries in the journal; sending them again (some may show twice)", "append", id, "error", err)
+	}
+	if len(es) == 0 {
 		return false
 	}
 	if len(es) >= es[0].N {

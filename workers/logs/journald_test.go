@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
+	"github.com/hashicorp/go-hclog"
 )
 
 func TestLinePriority(t *testing.T) {
@@ -103,14 +104,14 @@ func TestJournaldResolve(t *testing.T) {
 				}
 				return b
 			}
-			dead := &journald{conn: fj, skip: map[int]int{}, vars: map[string]string{}}
+			dead := &journald{conn: fj, skip: map[int]int{}, vars: map[string]string{}, log: hclog.NewNullLogger()}
 			data := frames(time.Now())
 			pos, _ := dead.position(len(data))
 			rec := &Append{Dev: pos.Dev, Off: pos.Size, Len: int64(len(data)), Sum: sha256.Sum256(data)}
 			_, _ = dead.writeWhole(data) // dies after sent entries
 
 			fj.fail = 1 << 30
-			next := &journald{conn: fj, skip: map[int]int{}, vars: map[string]string{}}
+			next := &journald{conn: fj, skip: map[int]int{}, vars: map[string]string{}, log: hclog.NewNullLogger()}
 			if found := next.resolve(rec); found != (sent == 5) {
 				t.Fatalf("resolve = %v with %d of 5 entries sent", found, sent)
 			}
