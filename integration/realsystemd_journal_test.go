@@ -111,7 +111,7 @@ target = "journal"
 	}
 	defer func() {
 		if t.Failed() {
-			out, _ := sd.run("sh", "-c", "df -h /run; journalctl --disk-usage; journalctl --no-pager -u systemd-journald -n 20; ps -eo pid,stat,pcpu,wchan:30,cmd | grep -v ' \\['; kill -QUIT $(systemctl show -p MainPID --value deployd); sleep 1; journalctl --no-pager -t deployd | grep -A30 'goroutine.*\\[' | grep -v runtime/ | grep -B2 -A12 'logs\\.' | head -150")
+			out, _ := sd.run("sh", "-c", "journalctl --no-pager -t deployd -g cannot | head -20; df -h /run; journalctl --disk-usage; journalctl --no-pager -u systemd-journald -n 20; ps -eo pid,stat,pcpu,wchan:30,cmd | grep -v ' \\['; kill -QUIT $(systemctl show -p MainPID --value deployd); sleep 1; journalctl --no-pager -t deployd | grep -A30 'goroutine.*\\[' | grep -v runtime/ | grep -B2 -A12 'logs\\.' | head -150")
 			t.Logf("the agent:\n%s", out)
 		}
 	}()
