@@ -61,7 +61,10 @@ func prepareNode(spec *Spec, env []string, health *os.File, direct bool) (*nodeS
 // (takeAsked). READY=1 counts only with ready = "notify",
 // NODE_IPC=ready only with ready = "node-ipc"; ERROR= becomes the worker's
 // status, which status shows.
-func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
+//
+// LOG= is what the preload itself did (a drain begun, cut short); it goes
+// to the agent's log under the worker, never to the app's own log.
+func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy, log hclog.Logger) {
 	defer wg.Done()
 	defer close(w.node.done)
 	w.pz.run("node", func(pending []byte) ([]byte, error) {
@@ -76,6 +79,12 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
 			if v, ok := msg["LISTEN"]; ok {
 				w.takeAsked(v)
 				delete(msg, "LISTEN")
+			}
+			if v, ok := msg["LOG"]; ok {
+				if log != nil {
+					log.Info("node preload", "worker", w.Slot, "pid", w.PID, "did", v)
+				}
+				delete(msg, "LOG")
 			}
 			if e, ok := msg["ERROR"]; ok {
 				msg["STATUS"] = strings.TrimPrefix(e, "deployd: ")

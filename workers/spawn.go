@@ -366,7 +366,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		readers.Add(1)
 		w.pz.add(c.node.ch.Parent)
 		w.ends["node"] = c.node.ch.Parent
-		go w.readNode(&readers, c.node.ch.Parent, spec.Ready)
+		go w.readNode(&readers, c.node.ch.Parent, spec.Ready, a.log)
 		chans = append(chans, c.node.ch.Parent)
 	}
 	pipes = append(pipes, chans...)
