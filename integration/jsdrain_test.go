@@ -3,9 +3,6 @@ package integration
 import (
 	"os"
 	"testing"
-	"time"
-
-	"github.com/deployd/deployd/agent/api"
 )
 
 // Bun.serve and Deno.serve apps as their docs write them (no signal code,
@@ -33,25 +30,14 @@ func checkJSDrain(t *testing.T, sb selfBinder) {
 	if sb.name == "deno" {
 		// Deno's shutdown closes connections it accepted and has not read:
 		// with a socket per worker the agent's quiet stop runs them dry first.
-		more = "balance = \"even\"\n"
+		needSteering(t)
+		more = `balance = "even"` + "\n"
 	}
 	if os.Getenv("DEPLOYD_TEST_JSDRAIN") == "off" { // the figures without the drain
-		more += "node = \"off\"\n"
+		more += `node = "off"`
 	}
 	a, port, app, _ := startSelfBinder(t, sb, instances, more)
-	stop := startLoad(t, port, 20, 3*time.Minute)
-	for i := range reloads {
-		ver := "v" + string(rune('2'+i))
-		r, took := reloadTo(a, "web", app(ver))
-		if r.Code != 0 {
-			t.Fatalf("reload to %s: exit %d\n%s\n%s", ver, r.Code, r.Stderr, a.Log())
-		}
-		t.Logf("reload to %s took %s", ver, took.Round(time.Millisecond))
-	}
-	a.WaitFor("the old workers to drain", 30*time.Second, func(st *api.Status) bool {
-		return AllReady(st, "web", instances) && len(appOf(st, "web").Draining) == 0
-	})
-	ka, nka := stop()
+	ka, nka := reloadsUnderLoad(t, a, port, app, 2, reloads)
 	requireNoFailures(t, sb.name+" reloads, keep-alive", ka)
 	requireNoFailures(t, sb.name+" reloads, new-connection", nka)
 }

@@ -134,12 +134,12 @@ func TestSelfBindingServersReloadUpgradeAndAgentKill(t *testing.T) {
 }
 
 // startSelfBinder starts an agent with instances workers of sb on a free
-// port, ready; app is its config for a version, with more keys of the
-// app's table after it.
+// port, ready; app is its config for a version, with more lines of the
+// app's table.
 func startSelfBinder(t *testing.T, sb selfBinder, instances int, more string) (a *Agent, port int, app func(ver string) string, st *api.Status) {
 	port = FreePort(t)
 	argv := sb.argv(t, port)
-	app = func(ver string) string { return selfBindApp(argv, port, instances, ver, sb.env) + more }
+	app = func(ver string) string { return selfBindAppWith(argv, port, instances, ver, sb.env, more) }
 	a = NewAgentDir(t, bins, app("v1"))
 	a.UseOwnBinary()
 	a.Start()
