@@ -90,6 +90,26 @@ func (nodeSource) adopt(_ spawnArgs, h *Handover, _ *Worker, c *channels) {
 	dropStreams(h, trapStream)
 }
 
+// reader reads the preload's channel (readNode) while the worker runs.
+func (nodeSource) reader(w *Worker, c *channels) (string, *os.File, func(*sync.WaitGroup, *os.File)) {
+	if c.node == nil {
+		return "", nil, nil // an adopted worker whose channel did not cross
+	}
+	w.node = &nodeWorker{done: make(chan struct{}), grace: w.spec.StopTimeout, indirect: w.spec.Node.Indirect}
+	return nodeStream, c.node.ch.Parent, func(wg *sync.WaitGroup, f *os.File) { w.readNode(wg, f, w.spec.Ready) }
+}
+
+// stopsGroup: through npm & co. the stop signal goes to the process
+// group (nodeWorker).
+func (nodeSource) stopsGroup(w *Worker) bool { return w.node != nil && w.node.indirect }
+
+// awaitGone waits until the app's node closed the preload's channel too.
+func (nodeSource) awaitGone(w *Worker) {
+	if w.node != nil {
+		w.node.await(w.unit)
+	}
+}
+
 func (nodeSource) describe(w *Worker) string {
 	if w.node != nil {
 		return "node preload"

@@ -3,6 +3,7 @@ package workers
 import (
 	"maps"
 	"os"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -39,6 +40,28 @@ type listenerSource interface {
 	// describe says how w got its listeners, for status. Called with w.mu
 	// held: it takes only leaf locks.
 	describe(w *Worker) string
+}
+
+// Beside listenerSource, small optional interfaces for a way that needs
+// more (nomad's optional hook interfaces, caddy's Provisioner): serve and
+// the drain look for them with a type assertion.
+
+// sourceReader is a way with a channel of its own that the agent reads
+// while the worker runs (the preload's sd_notify lines).
+type sourceReader interface {
+	// reader names the channel and how to read it (f nil: none for w).
+	reader(w *Worker, c *channels) (name string, f *os.File, read func(*sync.WaitGroup, *os.File))
+}
+
+// sourceStopper is a way whose worker is more than its main process: the
+// app may run under a launcher (npm start) that does not pass the stop
+// signal on.
+type sourceStopper interface {
+	// stopsGroup reports whether w's stop signal goes to its process group.
+	stopsGroup(w *Worker) bool
+	// awaitGone waits, once w's main process exited, until the app is
+	// gone too (bounded).
+	awaitGone(w *Worker)
 }
 
 // sourceOf is the one place that chooses how the workers of spec get

@@ -334,13 +334,14 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		go w.readIPC(&readers, c.ipc.Parent)
 		chans = append(chans, c.ipc.Parent)
 	}
-	if c.node != nil {
-		w.node = &nodeWorker{done: make(chan struct{}), grace: spec.StopTimeout, indirect: spec.Node.Indirect}
-		readers.Add(1)
-		w.pz.add(c.node.ch.Parent)
-		w.ends["node"] = c.node.ch.Parent
-		go w.readNode(&readers, c.node.ch.Parent, spec.Ready)
-		chans = append(chans, c.node.ch.Parent)
+	if r, ok := sourceOf(spec).(sourceReader); ok {
+		if name, f, read := r.reader(w, c); f != nil {
+			readers.Add(1)
+			w.pz.add(f)
+			w.ends[name] = f
+			go read(&readers, f)
+			chans = append(chans, f)
+		}
 	}
 	pipes = append(pipes, chans...)
 	if spec.Ready.Mode == ReadyDelay && !w.isReady() {
