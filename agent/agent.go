@@ -73,7 +73,7 @@ type Agent struct {
 	reg      *handoff.Registry // every listener of every app
 
 	apps       appSet
-	generation atomic.Int64 // the last spec's generation (specFor); no lock
+	generation generations // each app's last spec generation (specFor)
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
@@ -398,7 +398,12 @@ func (a *Agent) listenControl() (net.Listener, error) {
 	}
 	a.createdRunDir = created
 	if ln, err := a.upg.Fds().Listener("unix", path); err == nil && ln != nil {
+		// The folder the first agent created is each next one's to remove.
+		a.createdRunDir = os.Getenv(envCreatedRunDir)
 		return ln, nil // inherited from the previous agent
+	}
+	if created != "" {
+		os.Setenv(envCreatedRunDir, created) // for the agents an upgrade starts
 	}
 	if _, err := os.Lstat(path); err == nil {
 		c, err := net.DialTimeout("unix", path, time.Second)

@@ -252,7 +252,7 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 // specFor builds the workers.Spec of app's config, a new generation; for an
 // app that takes releases, of release rel ("" = none yet: no workers).
 func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*workers.Spec, error) {
-	gen := int(a.generation.Add(1))
+	gen := a.generation.next(app.Name, func() int { return a.inheritedGeneration(app.Name) })
 	cred, err := credential(app)
 	if err != nil {
 		return nil, err

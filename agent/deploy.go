@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"time"
@@ -108,8 +109,14 @@ func (a *Agent) deployInput(ctx context.Context, req api.DeployRequest, by Calle
 	}, nil
 }
 
-// checkReleaseCommand makes sure the app's command exists in the release.
+// checkReleaseCommand makes sure the app's command exists in the release,
+// and that a release packed with a top-level folder is told so.
 func checkReleaseCommand(rt *appRT, rel *release.Release) error {
+	if top, file := release.Nested(rel.Path, rt.config().Command); top != "" {
+		return fmt.Errorf("release %s has everything under %s/, and the app's command names %s, which is at %s: "+
+			"pack the folder's contents (tar -C %s -czf %s.tar.gz .) or set command to name %s",
+			rel.Version, top, file, path.Join(top, file), top, top, path.Join(top, file))
+	}
 	argv := releaseArgv(rt.config().Command, rel.Path)
 	if !filepath.IsAbs(argv[0]) {
 		return nil // a command looked up in PATH
@@ -169,6 +176,10 @@ func (a *Agent) rollFailed(rt *appRT, version string, err error, res *api.Deploy
 		}); serr != nil {
 			rt.log.Error("record failed release", "error", serr)
 		}
+	}
+	if ab != nil && ab.First {
+		rt.log.Error("release not deployed; there was no previous one, and nothing serves", "version", version, "error", err)
+		return
 	}
 	rt.log.Error("release not deployed; the previous one keeps serving", "version", version, "error", err)
 }

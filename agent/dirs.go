@@ -30,6 +30,11 @@ func (a *Agent) makeDir(dir, what string) (string, error) {
 	return top, nil
 }
 
+// envCreatedRunDir passes the control socket's folder, when the first
+// agent created it, to the agents its upgrades start: an upgraded agent
+// finds the folder there and removes it at shutdown all the same.
+const envCreatedRunDir = "DEPLOYD_CREATED_RUN_DIR"
+
 // removeCreatedRunDir removes the control socket's folder at shutdown when
 // this agent created it and it is empty now (a folder with anything left
 // in it stays).

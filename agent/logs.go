@@ -23,9 +23,11 @@ const (
 
 // logTarget is one log file a logs call reads or acts on.
 type logTarget struct {
-	app  string
-	sink *logs.Sink
-	path string
+	app     string
+	sink    *logs.Sink
+	path    string
+	stream  string
+	journal bool // the app logs to the systemd journal, not to path
 }
 
 // logTargets returns the sinks of app (every app when ""), sorted by app:
@@ -38,11 +40,12 @@ func (a *Agent) logTargets(app, stream string) ([]logTarget, error) {
 		if app != "" && name != app {
 			continue
 		}
+		j := rt.cfg != nil && rt.cfg.Logs.Target == logs.TargetJournal
 		if stream != "err" {
-			out = append(out, logTarget{name, rt.out, filepath.Join(a.settings.LogDir, name+".out.log")})
+			out = append(out, logTarget{name, rt.out, filepath.Join(a.settings.LogDir, name+".out.log"), "out", j})
 		}
 		if stream != "out" {
-			out = append(out, logTarget{name, rt.err, filepath.Join(a.settings.LogDir, name+".err.log")})
+			out = append(out, logTarget{name, rt.err, filepath.Join(a.settings.LogDir, name+".err.log"), "err", j})
 		}
 	}
 	if app != "" && out == nil {
@@ -113,21 +116,62 @@ func (a *Agent) Logs(ctx, stop context.Context, req api.LogsRequest, out LogOut)
 		defer context.AfterFunc(stop, cancel)()
 	}
 	flushSinks(fctx, targets)
+	targets, journals := splitJournal(targets)
 	starts := firstLines(out, targets, req.Lines, resume, req.Follow)
 	switch {
 	case ctx.Err() != nil: // the client is gone
 		closeStarts(starts)
 		return nil
 	case !req.Follow:
+		journalLines(fctx, out, journals, req.Lines, false)
 		_ = out.Send(api.LogLine{Done: true})
 		return nil
 	}
 	out.Flush()
+	var wg sync.WaitGroup
+	wg.Go(func() { journalLines(fctx, out, journals, req.Lines, true) })
 	ends := followAll(fctx, out, targets, starts)
+	wg.Wait()
 	if ctx.Err() == nil {
 		sendResume(out, targets, ends) // the agent ended it: stops, or hands over
 	}
 	return nil
+}
+
+// splitJournal separates the targets of apps that log to the journal.
+func splitJournal(ts []logTarget) (files, journals []logTarget) {
+	for _, t := range ts {
+		if t.journal {
+			journals = append(journals, t)
+		} else {
+			files = append(files, t)
+		}
+	}
+	return files, journals
+}
+
+// journalLines sends the last n lines of each target from the journal
+// (journalctl), and with follow the later ones until ctx is done; the
+// follows run at once. A follow of the journal is not resumed by the
+// next agent: the client asks again.
+func journalLines(ctx context.Context, ls LogOut, ts []logTarget, n int, follow bool) {
+	var wg sync.WaitGroup
+	for _, t := range ts {
+		read := func() {
+			err := logs.JournalLines(ctx, t.app, t.stream, n, follow, func(line string) error {
+				return ls.Send(api.LogLine{App: t.app, Line: line})
+			})
+			if err != nil && !errors.Is(err, ErrClientGone) {
+				_ = ls.Send(api.LogLine{App: t.app, Error: err.Error()})
+			}
+		}
+		if !follow {
+			read()
+			continue
+		}
+		wg.Go(read)
+	}
+	wg.Wait()
 }
 
 // followStart is where a follow of one log starts: where the last lines
@@ -245,7 +289,7 @@ func (a *Agent) logFiles(app, verb string, op func(*logs.Sink) error) (*api.LogF
 
 // logOptions are the settings of app's log files.
 func logOptions(app *config.App) logs.Options {
-	return logs.Options{Format: app.Logs.Format, MaxSize: app.Logs.MaxSize, MaxFiles: app.Logs.MaxFiles,
+	return logs.Options{Format: app.Logs.Format, Target: app.Logs.Target, MaxSize: app.Logs.MaxSize, MaxFiles: app.Logs.MaxFiles,
 		MaxAge: app.Logs.MaxAge, Compress: app.Logs.Compress}
 }
 
@@ -264,7 +308,7 @@ func (a *Agent) applyLogSettings(rt *appRT, old, app *config.App, emit func(work
 			return
 		}
 	}
-	rt.log.Info("log settings applied", "format", app.Logs.Format, "max_size", app.Logs.MaxSize,
+	rt.log.Info("log settings applied", "target", app.Logs.Target, "format", app.Logs.Format, "max_size", app.Logs.MaxSize,
 		"max_files", app.Logs.MaxFiles, "max_age", app.Logs.MaxAge, "compress", app.Logs.Compress)
 	emit(workers.Event{Time: time.Now(), App: app.Name, Type: workers.EventKind(api.EventNotice), Message: "new [logs] settings applied"})
 }

@@ -138,6 +138,9 @@ func configCommand() *cli.Command {
 						fmt.Fprintf(w, "    health: GET %s every %s, timeout %s, replaced after %d failures in a row\n",
 							h.Path, h.Interval, h.Timeout, h.Failures)
 					}
+					if note := releasesListenNote(n, a); note != "" {
+						fmt.Fprintf(w, "    note: %s\n", note)
+					}
 					if note := a.HealthNote(); note != "" {
 						fmt.Fprintf(w, "    note: %s\n", note)
 					}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -144,5 +146,31 @@ func TestPrintEventsAndSummary(t *testing.T) {
 	}
 	if got := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n"); !slices.Equal(got, want) {
 		t.Errorf("output:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// config check says that a Node.js app of releases with no listen list
+// fails its first deploy when it listens on a port (deployd learns a port
+// from the app's own listen only for an app run from its config folder).
+func TestConfigCheckNotesReleasesWithoutListen(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "deployd.toml")
+	body := "[agent]\nsocket = " + strconv.Quote(filepath.Join(dir, "none.sock")) + "\nstate_dir = \"state\"\nlog_dir = \"logs\"\n\n" +
+		"[apps.rel]\ncommand = [\"node\", \"server.js\"]\nreleases = true\n\n" +
+		"[apps.web]\ncommand = [\"node\", \"server.js\"]\nreleases = true\nlisten = [\"tcp://127.0.0.1:39999\"]\n"
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := Main([]string{"deployd", "config", "check", "-c", cfg, "--socket", filepath.Join(dir, "none.sock")}, &out, &errb); code != ExitOK {
+		t.Fatalf("config check: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+	want := `app rel has releases = true and no listen list: deployd does not learn a release's port from its listen call, ` +
+		`so a release that listens on a port fails its first deploy; add listen = ["tcp://0.0.0.0:PORT"] to [apps.rel]`
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("config check does not say %q:\n%s", want, out.String())
+	}
+	if strings.Contains(out.String(), "app web has releases") {
+		t.Errorf("config check notes an app with a listen list:\n%s", out.String())
 	}
 }

@@ -117,6 +117,9 @@ type startSpec struct {
 	env             string
 	envFile         string // absolute
 	node            bool
+	// readyTimeout is the ready_timeout to write ("" leaves the default),
+	// with why.
+	readyTimeout, readyWhy string
 	// line is the command the user typed, kept as a comment.
 	line string
 }
@@ -273,12 +276,14 @@ func startSpecOf(c *cli.Context, configPath string) (*startSpec, error) {
 		}
 		n.argv = []string{interp, file}
 		n.node = nodejs.Detect(n.argv)
+		n.readyTimeout, n.readyWhy = runnerStartup(n.argv)
 	case isTypeScript(file):
 		runner, err := typeScriptRunner(file, wd)
 		if err != nil {
 			return nil, err
 		}
 		n.argv, n.node = append(runner, file), true
+		n.readyTimeout, n.readyWhy = runnerStartup(runner)
 	case isNodeScript(file):
 		n.argv, n.node = []string{"node", file}, true
 	case fi.Mode()&0o111 == 0:
@@ -344,6 +349,9 @@ func (n *startSpec) block() string {
 	fmt.Fprintf(&b, "instances = %s\n", n.instances)
 	if n.envFile != "" {
 		fmt.Fprintf(&b, "env_file  = %s\n", tomlString(n.envFile))
+	}
+	if n.readyTimeout != "" {
+		fmt.Fprintf(&b, "ready_timeout = %s   # %s\n", tomlString(n.readyTimeout), n.readyWhy)
 	}
 	if n.port > 0 {
 		fmt.Fprintf(&b, "listen    = [\"tcp://0.0.0.0:%d\"]\n", n.port)

@@ -57,6 +57,17 @@ func typeScriptRunner(file, wd string) ([]string, error) {
 		"or use Node.js 22.18 or later (it runs .ts itself), or name one with --interpreter (bun, ./node_modules/.bin/ts-node)", file)
 }
 
+// runnerStartup is the ready_timeout a worker run by runner needs, and
+// why, or "" when the default does: ts-node type-checks the whole project
+// before the app's first line runs, which takes tens of seconds on a busy
+// host (past the default 30 s in which a new app must listen).
+func runnerStartup(runner []string) (timeout, why string) {
+	if strings.HasPrefix(filepath.Base(runner[0]), "ts-node") {
+		return "2m", "ts-node type-checks the project at each start (tsx does not)"
+	}
+	return "", ""
+}
+
 // findUp returns the first dir/rel that is an executable file (or a .json
 // file), for dir and each folder above it, or "".
 func findUp(dir, rel string) string {

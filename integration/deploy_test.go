@@ -209,6 +209,9 @@ func TestDeployRefusesBadInput(t *testing.T) {
 			{Name: "escape", Typeflag: tar.TypeSymlink, Linkname: "../../../etc"}}, nil)}, "points outside the release"},
 		{"tar device", []string{"web", "--artifact", tarball(t, []*tar.Header{
 			{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3, Mode: 0o600}}, nil)}, "device"},
+		{"tar with a top-level folder", []string{"web", "--artifact", tarball(t, []*tar.Header{
+			{Name: "myapp-1.0/", Typeflag: tar.TypeDir, Mode: 0o755}, reg("myapp-1.0/run")}, map[string]string{"myapp-1.0/run": script})},
+			"has everything under myapp-1.0/, and the app's command names ./run, which is at myapp-1.0/run: pack the folder's contents (tar -C myapp-1.0 -czf"},
 		{"no command in release", []string{"web", "--artifact", tarball(t, []*tar.Header{reg("other")}, map[string]string{"other": script})}, "has no executable ./run"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -125,7 +125,7 @@ func nodeFixtures(t *testing.T) string {
 	}
 	nodeOnce.Do(func() {
 		nodeDir = filepath.Join(RepoRoot(), "integration", "nodeapps")
-		for _, m := range []string{"express4", "express5", "fastify", "koa", "ws", "socket.io", "tsx"} {
+		for _, m := range []string{"express4", "express5", "fastify", "koa", "ws", "socket.io", "tsx", "ts-node", "typescript", "@types/node"} {
 			if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", m, "package.json")); err != nil {
 				cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", nodeDir)
 				if out, err := cmd.CombinedOutput(); err != nil {

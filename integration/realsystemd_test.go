@@ -34,7 +34,7 @@ import (
 
 // realSystemd is one booted systemd.
 type realSystemd struct {
-	t      *testing.T
+	t      testing.TB
 	pid    int    // systemd's pid as the machine sees it
 	cgroup string // the name of the cgroup subtree it runs in
 	cmd    *exec.Cmd
@@ -71,7 +71,7 @@ exec chroot $T/root /lib/systemd/systemd --system --unit=basic.target
 // bootSystemd boots a systemd that sees dirs at their own paths, and waits
 // until it runs. It fails the test where that cannot be done, and under
 // CI=true a missing systemd is a failure, not a skip.
-func bootSystemd(t *testing.T, dirs ...string) *realSystemd {
+func bootSystemd(t testing.TB, dirs ...string) *realSystemd {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "a real systemd needs root (namespaces, mounts)")

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,17 +183,47 @@ func freePrivilegedPort(t *testing.T) int {
 }
 
 // listen(path) makes root create no socket file where the app's user
-// chose: the reload is refused, and nothing is at the path.
+// chose: the preload leaves a unix socket the config does not name to the
+// app (it binds it as its own user, as tsx's IPC pipe), nothing is served
+// from it, and the reload is refused naming the socket and the fix.
 func TestDiscoveryMakesNoSocketAtAUsersPath(t *testing.T) {
 	parallel(t)
 	m := newMember(t)
 	a, dir, own, state := startTrust(t, m, FreePort(t), "")
 	path := filepath.Join(m.Dir(t), "app.sock")
 	aim(t, m, dir, fmt.Sprintf(`{"path": %q}`, path))
-	refusedCleanly(t, a, own, state, "unix://"+path, "a unix socket path its config does not name",
-		fmt.Sprintf(`root adds listen = ["unix://%s"]`, path))
-	if _, err := os.Lstat(path); !os.IsNotExist(err) {
-		t.Errorf("something is at the app user's path %s: %v", path, err)
+	before := PIDs(a.App("asking"))
+	r := a.CLIWithin(2*time.Minute, "reload", "asking")
+	t.Logf("deployd reload asking: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	if r.Code == 0 {
+		t.Errorf("the reload was not refused")
+	}
+	for _, w := range []string{"left listen(" + path + ") to the app", `root adds listen = ["unix://PATH"]`, "nothing was changed"} {
+		if !strings.Contains(r.Stderr, w) {
+			t.Errorf("the refusal lacks %q", w)
+		}
+	}
+	if now, _ := os.ReadFile(filepath.Join(a.Dir, "state", "state.json")); !bytes.Equal(now, state) {
+		t.Errorf("state.json changed:\nbefore %s\nafter  %s", state, now)
+	}
+	if after := PIDs(a.App("asking")); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("the old workers must serve on: before %v, after %v", before, after)
+	}
+	if body, err := get(t, own, "/"); err != nil || body != "version=asking\n" {
+		t.Errorf("the asking app's own port: %q, %v", body, err)
+	}
+	// Whatever is at the path, the app's user made it: root made nothing.
+	if fi, err := os.Lstat(path); err == nil {
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid == 0 {
+			t.Errorf("root made %s (%s)", path, fi.Mode())
+		}
+	}
+	for _, l := range a.Status().Apps {
+		for _, u := range l.Listen {
+			if strings.Contains(u, path) {
+				t.Errorf("app %s serves the user's path: %v", l.Name, l.Listen)
+			}
+		}
 	}
 }
 

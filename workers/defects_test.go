@@ -105,3 +105,24 @@ func TestStatusAfterStartShowsMemory(t *testing.T) {
 		}
 	}
 }
+
+// An app's first release that never gets ready had no previous version:
+// the error says nothing serves, not "previous version still serving".
+func TestAbandonedFirstReleaseSaysNothingServes(t *testing.T) {
+	t.Parallel()
+	// An app of releases starts with no worker until its first deploy.
+	empty := testSpec(t, newListener(t), "exit-now", 0)
+	s := newSupervisor(t, empty)
+	mustStart(t, s)
+	spec := nextSpec(empty, "exit-now")
+	spec.Instances = 1
+	err := s.Reload(spec, Rolling, nil)
+	var ab *AbandonedError
+	if !errors.As(err, &ab) {
+		t.Fatalf("Reload = %v, want *AbandonedError", err)
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "previous version still serving") || !strings.Contains(msg, "no previous version: nothing served before and nothing serves now") {
+		t.Errorf("error %q does not say that there was no previous version and nothing serves", msg)
+	}
+}

@@ -54,9 +54,18 @@ func (s *Supervisor) Discover(spec *Spec) (string, error) {
 	}
 	why := "exited (" + w.ExitDescription() + ")"
 	if timedOut {
-		why = "did not call listen within ready_timeout " + spec.ReadyTimeout.String()
+		why = "did not call listen within ready_timeout " + spec.ReadyTimeout.String() +
+			" (an app that starts slowly, such as one ts-node type-checks first, needs a longer ready_timeout)"
 	}
 	msg := fmt.Sprintf(": app %s has no listen list, and its node process %s", s.opts.App, why)
+	w.mu.Lock()
+	status := w.status
+	w.mu.Unlock()
+	if strings.HasPrefix(status, "left listen(") {
+		// Its only listen was on a unix socket: the app's own (root serves a
+		// unix path only when the config names it; see internal/addrpolicy).
+		msg += "; deployd " + status + "; to serve that socket, root adds listen = [\"unix://PATH\"] (in a folder the app's user cannot write)"
+	}
 	if lines := w.LastLines(); len(lines) > 0 {
 		msg += "; its last output: " + strings.Join(lines[max(0, len(lines)-5):], " | ")
 	}

@@ -55,6 +55,9 @@ type AbandonedError struct {
 	RolledBack bool
 	// Slots says which release each slot runs after the rollback.
 	Slots []SlotRelease
+	// First is true when no worker served before the operation (an app's
+	// first deploy): none serves after it either.
+	First bool
 }
 
 func (e *AbandonedError) Error() string {
@@ -62,8 +65,12 @@ func (e *AbandonedError) Error() string {
 }
 
 // Serving says what serves after the abandon: "previous version still
-// serving" only when the rollback restored every slot.
+// serving" only when the rollback restored every slot, and "nothing
+// serves" when there was no previous version.
 func (e *AbandonedError) Serving() string {
+	if e.First {
+		return "no previous version: nothing served before and nothing serves now"
+	}
 	if e.RolledBack {
 		return "previous version still serving"
 	}

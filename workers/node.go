@@ -91,12 +91,12 @@ func (nodeSource) adopt(_ spawnArgs, h *Handover, _ *Worker, c *channels) {
 }
 
 // reader reads the preload's channel (readNode) while the worker runs.
-func (nodeSource) reader(w *Worker, c *channels) (string, *os.File, func(*sync.WaitGroup, *os.File)) {
+func (nodeSource) reader(w *Worker, c *channels, log hclog.Logger) (string, *os.File, func(*sync.WaitGroup, *os.File)) {
 	if c.node == nil {
 		return "", nil, nil // an adopted worker whose channel did not cross
 	}
 	w.node = &nodeWorker{done: make(chan struct{}), grace: w.spec.StopTimeout, indirect: w.spec.Node.Indirect}
-	return nodeStream, c.node.ch.Parent, func(wg *sync.WaitGroup, f *os.File) { w.readNode(wg, f, w.spec.Ready) }
+	return nodeStream, c.node.ch.Parent, func(wg *sync.WaitGroup, f *os.File) { w.readNode(wg, f, w.spec.Ready, log) }
 }
 
 // stopsGroup: through npm & co. the stop signal goes to the process
@@ -122,7 +122,10 @@ func (nodeSource) describe(w *Worker) string {
 // (takeAsked). READY=1 counts only with ready = "notify",
 // NODE_IPC=ready only with ready = "node-ipc"; ERROR= becomes the worker's
 // status, which status shows.
-func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
+//
+// LOG= is what the preload itself did (a drain begun, cut short); it goes
+// to the agent's log under the worker, never to the app's own log.
+func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy, log hclog.Logger) {
 	defer wg.Done()
 	defer close(w.node.done)
 	w.pz.run("node", func(pending []byte) ([]byte, error) {
@@ -137,6 +140,12 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy) {
 			if v, ok := msg["LISTEN"]; ok {
 				w.takeAsked(v)
 				delete(msg, "LISTEN")
+			}
+			if v, ok := msg["LOG"]; ok {
+				if log != nil {
+					log.Info("node preload", "worker", w.Slot, "pid", w.PID, "did", v)
+				}
+				delete(msg, "LOG")
 			}
 			if e, ok := msg["ERROR"]; ok {
 				msg["STATUS"] = strings.TrimPrefix(e, "deployd: ")

@@ -158,6 +158,7 @@ func (o *op) abandonRollOut(err error, done, added []*slot, old *Spec) *Abandone
 	abandoned.RolledBack = o.rollback(kept, old)
 	o.dropSlots(added)
 	abandoned.Slots = o.slotReleases()
+	abandoned.First = len(abandoned.Slots) == 0
 	return abandoned
 }
 

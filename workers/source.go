@@ -50,7 +50,7 @@ type listenerSource interface {
 // while the worker runs (the preload's sd_notify lines).
 type sourceReader interface {
 	// reader names the channel and how to read it (f nil: none for w).
-	reader(w *Worker, c *channels) (name string, f *os.File, read func(*sync.WaitGroup, *os.File))
+	reader(w *Worker, c *channels, log hclog.Logger) (name string, f *os.File, read func(*sync.WaitGroup, *os.File))
 }
 
 // sourceStopper is a way whose worker is more than its main process: the

@@ -335,7 +335,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		chans = append(chans, c.ipc.Parent)
 	}
 	if r, ok := sourceOf(spec).(sourceReader); ok {
-		if name, f, read := r.reader(w, c); f != nil {
+		if name, f, read := r.reader(w, c, a.log); f != nil {
 			readers.Add(1)
 			w.pz.add(f)
 			w.ends[name] = f

@@ -271,7 +271,7 @@ func (w *Worker) capture(wg *sync.WaitGroup, stream string, r *os.File, j *logs.
 		}
 	}
 	line := func(text string) logs.Line {
-		return logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text}
+		return logs.Line{Time: time.Now(), App: app, Slot: w.Slot, PID: w.PID, Stream: stream, Text: text, Release: w.Release}
 	}
 	w.pz.run(stream, func(pending []byte) ([]byte, error) {
 		if j != nil {

@@ -69,6 +69,7 @@ type rawLogs struct {
 	MaxFiles toml.Primitive `toml:"max_files"`
 	MaxAge   toml.Primitive `toml:"max_age"`
 	Compress toml.Primitive `toml:"compress"`
+	Target   toml.Primitive `toml:"target"`
 }
 
 // defaultApp is an app with every default applied.
@@ -96,7 +97,7 @@ func defaultApp(name, dir string, cpus int) *App {
 			Window:      time.Minute,
 			StableAfter: time.Second,
 		},
-		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+		Logs:  Logs{Format: "text", Target: "files", MaxSize: 100 << 20, MaxFiles: 10},
 		Node:  "auto",
 		Bind:  BindAuto,
 		Hooks: Hooks{BeforeTimeout: DefaultBeforeTimeout, AfterTimeout: DefaultAfterTimeout},
@@ -248,10 +249,18 @@ func (d *decoder) logs(p toml.Primitive, key []string, l *Logs) {
 	k := func(name string) []string { return append(slices.Clone(key), name) }
 	if f, ok := get[string](d, raw.Format, k("format")); ok {
 		switch f {
-		case "text", "raw", "json":
+		case "text", "raw", "json", "pm2-json":
 			l.Format = f
 		default:
-			d.fail(k("format"), strconv.Quote(f), hint(nil, `unknown log format; use "text", "raw" or "json"`))
+			d.fail(k("format"), strconv.Quote(f), hint(nil, `unknown log format; use "text", "raw", "json" or "pm2-json"`))
+		}
+	}
+	if t, ok := get[string](d, raw.Target, k("target")); ok {
+		switch t {
+		case "files", "journal":
+			l.Target = t
+		default:
+			d.fail(k("target"), strconv.Quote(t), hint(nil, `unknown log target; use "files" (log_dir) or "journal" (the systemd journal)`))
 		}
 	}
 	d.size(raw.MaxSize, k("max_size"), &l.MaxSize, false)

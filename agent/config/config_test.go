@@ -164,7 +164,8 @@ func TestErrors(t *testing.T) {
 		{"no group", web + `group = "no-such-group-xyz"`, 3, "apps.web.group", "no such group on this host; create it (groupadd)"},
 		{"no socket group", "[agent]\nsocket_group = \"no-such-group-xyz\"", 2, "agent.socket_group", "no such group"},
 		// logs
-		{"log format", web + "[apps.web.logs]\nformat = \"xml\"", 4, `apps.web.logs.format = "xml"`, `unknown log format; use "text", "raw" or "json"`},
+		{"log format", web + "[apps.web.logs]\nformat = \"xml\"", 4, `apps.web.logs.format = "xml"`, `unknown log format; use "text", "raw", "json" or "pm2-json"`},
+		{"log target", web + "[apps.web.logs]\ntarget = \"syslog\"", 4, `apps.web.logs.target = "syslog"`, `unknown log target; use "files" (log_dir) or "journal"`},
 		// command, cwd, env
 		{"no command", "[apps.web]\ncwd = \"srv\"", 1, "apps.web.command", "missing: every app needs the program to run"},
 		{"empty command", "[apps.web]\ncommand = []", 2, "apps.web.command", "empty: name the program first"},
@@ -298,7 +299,7 @@ func TestDefaults(t *testing.T) {
 			Window:      time.Minute,
 			StableAfter: time.Second,
 		},
-		Logs:  Logs{Format: "text", MaxSize: 100 << 20, MaxFiles: 10},
+		Logs:  Logs{Format: "text", Target: "files", MaxSize: 100 << 20, MaxFiles: 10},
 		Node:  "auto",
 		Bind:  BindAuto,
 		Hooks: Hooks{BeforeTimeout: 5 * time.Minute, AfterTimeout: time.Minute},
@@ -430,7 +431,7 @@ compress = true
 		a.Ready.Regex.MatchString("listening on 80"), a.StopSignal == syscall.SIGQUIT, a.Nonblocking,
 		a.MaxMemory, a.CPUAffinity, a.User, a.Group, a.Watchdog, a.Restart.Backoff,
 		a.Restart.MaxRestarts, a.Logs, a.CanaryTimeout, a.CanaryAction)
-	want := "[A=x=y MODE=prod] 2 admin web log true true true 536870912 true root 0 10s 1s 0 {json 1500 10 168h0m0s true} 15m0s promote\n"
+	want := "[A=x=y MODE=prod] 2 admin web log true true true 536870912 true root 0 10s 1s 0 {json files 1500 10 168h0m0s true} 15m0s promote\n"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}

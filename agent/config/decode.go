@@ -157,7 +157,7 @@ var (
 	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key", "stream_timeout"}
 	appKeys     = []string{"command", "cwd", "env", "env_file", "env_inherit", "instances", "listen", "bind", "allow_ports", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "balance", "spares", "stop_signal", "stop_timeout", "quiet_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "members_may_run_as_root", "watchdog", "recycle_after", "recycle_at", "logs", "node", "health", "hooks", "environment"}
 	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
-	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress"}
+	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress", "target"}
 	healthKeys  = []string{"path", "interval", "timeout", "failures"}
 )
 

@@ -14,9 +14,33 @@ const (
 	// FormatRaw writes the worker's text unchanged.
 	FormatRaw = "raw"
 	// FormatJSON writes one JSON object per line:
-	//	{"time":"2026-11-30T03:22:48.123Z","app":"web","slot":2,"pid":4242,"stream":"out","msg":"message"}
+	//	{"time":"2026-11-30T03:22:48.123Z","app":"web","slot":2,"pid":4242,"stream":"out","msg":"message",
+	//	 "service.name":"web","service.instance.id":"web/2","service.version":"v42","process.pid":4242}
+	// The last four are OpenTelemetry's resource names, so the Collector's
+	// filelog receiver maps them without a parser written by hand; they
+	// come after the older keys, which keep their names and order
+	// (service.version only when the worker runs a release).
 	FormatJSON = "json"
+	// FormatPM2JSON writes one JSON object per line with PM2's names (its
+	// `--log-type json`), so shippers set up for PM2 read it unchanged:
+	//	{"message":"message","timestamp":"2026-11-30T03:22:48.123Z","type":"out","process_id":2,"app_name":"web"}
+	// process_id is the worker's slot (PM2's pm_id is per process); type
+	// is "out", "err" or "deployd" (the Sink's own marker lines). Unlike
+	// PM2, message has no trailing newline.
+	FormatPM2JSON = "pm2-json"
+	// formatJournald is the frame a journald File parses back into one
+	// entry per line (Options.Target TargetJournal); never a file's.
+	formatJournald = "journald"
 )
+
+// validFormat reports whether f is a format a Sink writes.
+func validFormat(f string) bool {
+	switch f {
+	case FormatText, FormatRaw, FormatJSON, FormatPM2JSON:
+		return true
+	}
+	return false
+}
 
 // TimeLayout is the timestamp of the text and json formats: RFC 3339 with
 // milliseconds, always in UTC (so files from hosts in different zones sort and
@@ -45,7 +69,22 @@ func appendLine(b []byte, format string, l *Line) []byte {
 		b = appendJSONString(b, l.Stream)
 		b = append(b, `,"msg":`...)
 		b = appendJSONString(b, l.Text)
+		b = appendOTel(b, l)
 		b = append(b, '}')
+	case FormatPM2JSON:
+		b = append(b, `{"message":`...)
+		b = appendJSONString(b, l.Text)
+		b = append(b, `,"timestamp":"`...)
+		b = l.Time.UTC().AppendFormat(b, TimeLayout)
+		b = append(b, `","type":`...)
+		b = appendJSONString(b, l.Stream)
+		b = append(b, `,"process_id":`...)
+		b = strconv.AppendInt(b, int64(l.Slot), 10)
+		b = append(b, `,"app_name":`...)
+		b = appendJSONString(b, l.App)
+		b = append(b, '}')
+	case formatJournald:
+		b = appendFrame(b, l)
 	default:
 		b = l.Time.UTC().AppendFormat(b, TimeLayout)
 		b = append(b, " ["...)
@@ -62,6 +101,21 @@ func appendLine(b []byte, format string, l *Line) []byte {
 		b = append(b, l.Text...)
 	}
 	return append(b, '\n')
+}
+
+// appendOTel appends OpenTelemetry's resource attributes of l's worker,
+// by their semantic-convention names, to a JSON object being written.
+func appendOTel(b []byte, l *Line) []byte {
+	b = append(b, `,"service.name":`...)
+	b = appendJSONString(b, l.App)
+	b = append(b, `,"service.instance.id":`...)
+	b = appendJSONString(b, l.App+"/"+strconv.Itoa(l.Slot))
+	if l.Release != "" {
+		b = append(b, `,"service.version":`...)
+		b = appendJSONString(b, l.Release)
+	}
+	b = append(b, `,"process.pid":`...)
+	return strconv.AppendInt(b, int64(l.PID), 10)
 }
 
 const hexDigits = "0123456789abcdef"

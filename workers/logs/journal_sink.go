@@ -62,6 +62,9 @@ func (w *writer) writeRecorded(data []byte) (int, error) {
 // rotated after the append, so the append happened. A write torn at the end
 // of the current file (the dying agent was in it) is cut off.
 func (w *writer) resolve(rec *Append) bool {
+	if jd, ok := w.f.(*journald); ok && rec.Dev == journaldDev {
+		return jd.resolve(rec)
+	}
 	paths := []string{w.opts.Path}
 	if bs, err := listBackups(w.opts.Path); err == nil {
 		for _, b := range bs {

@@ -45,18 +45,22 @@ var agentPID = os.Getpid()
 
 // Line is one line of a worker's output.
 type Line struct {
-	Time   time.Time // when it was read; zero means when Write is called
-	App    string
-	Slot   int
-	PID    int
-	Stream string // "out" or "err"
-	Text   string // without the newline
+	Time    time.Time // when it was read; zero means when Write is called
+	App     string
+	Slot    int
+	PID     int
+	Stream  string // "out" or "err"
+	Text    string // without the newline
+	Release string // the worker's release, "" for none
 }
 
 // Options configure a Sink.
 type Options struct {
 	Path   string // the current file, e.g. log_dir/web.out.log
-	Format string // FormatText (default), FormatRaw or FormatJSON
+	Format string // FormatText (default), FormatRaw, FormatJSON or FormatPM2JSON
+	// Target is TargetFiles (default, "") or TargetJournal: every line an
+	// entry of the systemd journal (Format then does not apply).
+	Target string
 
 	MaxSize  int64         // rotate when the file would grow past this many bytes; 0 means DefaultMaxSize
 	MaxFiles int           // rotated files kept, newest first; 0 keeps all
@@ -132,12 +136,8 @@ func OpenSink(o Options) (*Sink, error) {
 	if o.Path == "" {
 		return nil, errors.New("logs: open sink: no path")
 	}
-	switch o.Format {
-	case "":
-		o.Format = FormatText
-	case FormatText, FormatRaw, FormatJSON:
-	default:
-		return nil, fmt.Errorf("logs: open sink %s: unknown format %q", o.Path, o.Format)
+	if err := o.settle(); err != nil {
+		return nil, fmt.Errorf("logs: open sink %s: %w", o.Path, err)
 	}
 	if o.MaxSize <= 0 {
 		o.MaxSize = DefaultMaxSize
@@ -150,9 +150,6 @@ func OpenSink(o Options) (*Sink, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
-	}
-	if o.Open == nil {
-		o.Open = newRotator
 	}
 	f, err := o.Open(o)
 	if err != nil {
@@ -306,19 +303,52 @@ func (s *Sink) Truncate() error {
 // [apps.NAME.logs]); the path, buffers and logger stay. On error the
 // previous settings stay in force.
 func (s *Sink) Reconfigure(o Options) error {
-	switch o.Format {
-	case "":
-		o.Format = FormatText
-	case FormatText, FormatRaw, FormatJSON:
-	default:
-		return fmt.Errorf("logs: reconfigure %s: unknown format %q", s.opts.Path, o.Format)
+	if o.Open == nil && (o.Target == s.opts.Target || o.Target == "" && s.opts.Target == TargetFiles) {
+		o.Open = s.opts.Open // the same target's File (a test's stays)
+	}
+	if err := o.settle(); err != nil {
+		return fmt.Errorf("logs: reconfigure %s: %w", s.opts.Path, err)
 	}
 	if o.MaxSize <= 0 {
 		o.MaxSize = DefaultMaxSize
 	}
 	n := s.opts // the writer's copy changes; s.opts is read by Write and stays
+	n.Target, n.Open = o.Target, o.Open
 	n.Format, n.MaxSize, n.MaxFiles, n.MaxAge, n.Compress = o.Format, o.MaxSize, o.MaxFiles, o.MaxAge, o.Compress
 	return s.doWith(context.Background(), request{kind: reqReopen, opts: &n}, "reconfigure")
+}
+
+// Targets of a Sink (Options.Target).
+const (
+	TargetFiles   = "files"
+	TargetJournal = "journal"
+)
+
+// settle checks o's Format and Target and fills in their defaults and the
+// File that goes with the Target.
+func (o *Options) settle() error {
+	switch o.Target {
+	case "", TargetFiles:
+		o.Target = TargetFiles
+		if o.Open == nil {
+			o.Open = newRotator
+		}
+	case TargetJournal:
+		o.Format = formatJournald
+		if o.Open == nil {
+			o.Open = newJournald
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown target %q", o.Target)
+	}
+	if o.Format == "" {
+		o.Format = FormatText
+	}
+	if !validFormat(o.Format) {
+		return fmt.Errorf("unknown format %q", o.Format)
+	}
+	return nil
 }
 
 func (s *Sink) do(ctx context.Context, kind reqKind, what string) error {

@@ -25,7 +25,8 @@
 //   once that server listens on a configured listener;
 // - reports on its control channel (sd_notify lines on a unix stream socket
 //   at a high fd, which reaches node through npm and sh): READY=1 once every
-//   configured listener is served (only with ready = "notify"), STATUS=...;
+//   configured listener is served (only with ready = "notify"), STATUS=...,
+//   LOG=... (what the preload itself did, for the agent's log, not the app's);
 // - drains every server on an inherited listener on the stop signal: stop
 //   accepting (close the listening handle only), answer every later HTTP/1
 //   request with "Connection: close", send an HTTP/2 session its GOAWAY at
@@ -136,6 +137,18 @@ function run(cfg) {
     } catch (e) {
       if (cb) cb();
     }
+  }
+
+  // note tells the agent what the preload itself did (a drain begun, a
+  // drain cut short): the agent logs it under the worker, so that the app's
+  // own log holds only the app's lines. Without the agent's channel it goes
+  // to stderr.
+  function note(msg) {
+    if (typeof cfg.ctl !== 'number' || cfg.ctl < 0) {
+      process.stderr.write('deployd: ' + msg + '\n');
+      return;
+    }
+    send(['LOG=' + msg]);
   }
 
   function portOf(v) {
@@ -288,6 +301,9 @@ function run(cfg) {
     // pipe in its parent process, an admin socket): the app binds it
     // itself, as its own user, and it is never the port the app serves.
     if (r.kind === 'other' || (r.kind === 'unix' && find(r) === -1)) {
+      if (r.kind === 'unix' && cfg.discover) {
+        send(['STATUS=left listen(' + path.resolve(r.path) + ') to the app: a unix socket the config does not name is its own']);
+      }
       var srv = this;
       // Before the app's own listening callbacks, which may report readiness.
       srv.prependOnceListener('listening', function () { adopt(srv); });
@@ -758,14 +774,14 @@ function run(cfg) {
     appOwnsExit = process.listenerCount(stopSignal) > 1;
     var n = 0;
     mapped.forEach(function (s) { n += s[kState].conns.size + s[kState].pending.size; });
-    process.stderr.write('deployd: ' + stopSignal + ': draining ' + n + ' connections (pid ' + process.pid + ')\n');
-    send(['STOPPING=1', 'STATUS=draining']);
+    send(['STOPPING=1', 'STATUS=draining', 'LOG=' + stopSignal + ': draining ' + n + ' connections']);
+    if (typeof cfg.ctl !== 'number' || cfg.ctl < 0) note(stopSignal + ': draining ' + n + ' connections (pid ' + process.pid + ')');
     if (healthServer && healthServer.listening) origNetClose.call(healthServer);
     mapped.forEach(drainServer);
     var t = setTimeout(function () {
       var left = 0;
       mapped.forEach(function (s) { left += s[kState].conns.size + s[kState].pending.size; });
-      process.stderr.write('deployd: drain not done near stop_timeout: ' + left + ' connections left; exiting\n');
+      note('drain not done near stop_timeout: ' + left + ' connections left; exiting');
       drained = true;
       origExit.call(process, pendingExit !== null ? pendingExit : 1);
     }, Math.max(stopTimeout - 1000, stopTimeout * 0.9));
@@ -805,10 +821,13 @@ function run(cfg) {
     if (esmEntry(process.argv[1])) workerBranch(require('cluster'));
   }
 
+  // esmEntry says whether node runs main as an ES module: .mjs and .mts
+  // always; .js, .ts (run by tsx or type stripping) and a file without an
+  // extension when the nearest package.json says "type": "module".
   function esmEntry(main) {
     if (typeof main !== 'string') return false;
-    if (/\.mjs$/.test(main)) return true;
-    if (!/\.js$/.test(main) && path.extname(main) !== '') return false;
+    if (/\.m[jt]s$/.test(main)) return true;
+    if (!/\.[jt]s$/.test(main) && path.extname(main) !== '') return false;
     var fs = require('fs');
     for (var dir = path.dirname(path.resolve(main)); ; dir = path.dirname(dir)) {
       try {

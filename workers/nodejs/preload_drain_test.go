@@ -108,6 +108,8 @@ s.listen({fd: 4}, () => console.log('up'));
 			r.line(t, "slow")
 			r.cmd.Process.Signal(syscall.SIGTERM)
 			r.waitCtl(t, "STOPPING=1")
+			// What the preload did is the agent's to log, not the app's.
+			r.waitCtl(t, "LOG=SIGTERM: draining 2 connections")
 			if resp, body := idle.get("/"); body != "ok" || !resp.Close {
 				t.Errorf("a request on an idle connection after the signal: %q, Connection: close %v", body, resp.Close)
 			}
@@ -116,6 +118,9 @@ s.listen({fd: 4}, () => console.log('up'));
 			}
 			if code := r.exit(t); code != 0 {
 				t.Errorf("exit %d, want 0", code)
+			}
+			if strings.Contains(r.errs.String(), "draining") {
+				t.Errorf("the preload's drain line went to the app's stderr:\n%s", r.errs.String())
 			}
 		})
 	}
