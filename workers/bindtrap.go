@@ -232,6 +232,10 @@ func (trapSource) adopt(a spawnArgs, h *Handover, w *Worker, _ *channels) {
 	w.startTrap(a.log, w.spec, w.spec.Listeners, nil, nf)
 }
 
+// handoff gives the notify fd to the next agent, which answers the
+// worker's binds from then on (adopt).
+func (trapSource) handoff(w *Worker) (string, *os.File) { return trapStream, w.trap.file() }
+
 // describe: how many of the worker's binds took the agent's socket; a
 // worker whose trap never started got its fds as any other.
 func (trapSource) describe(w *Worker) string {

@@ -64,6 +64,15 @@ type sourceStopper interface {
 	awaitGone(w *Worker)
 }
 
+// sourceHandoff is a way whose worker holds a file of the way's own
+// (not one of its channels) that crosses an agent handoff: the bind
+// trap's notify fd. adopt takes it back on the other side.
+type sourceHandoff interface {
+	// handoff names the file and gives the agent's copy (not to be
+	// closed: the sender's own), nil when w has none.
+	handoff(w *Worker) (name string, f *os.File)
+}
+
 // sourceOf is the one place that chooses how the workers of spec get
 // their listeners. The Node.js preload maps node's listen() itself, so it
 // comes before the bind trap.
