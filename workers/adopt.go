@@ -374,13 +374,6 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, *channels, erro
 	if f := h.files["ipc"]; f != nil {
 		c.ipc = &handoff.IPCChannel{Parent: f}
 	}
-	if f := h.files["node"]; f != nil {
-		if spec.Node != nil {
-			c.node = &nodeStart{ch: &handoff.IPCChannel{Parent: f}}
-		} else {
-			f.Close()
-		}
-	}
 	w := &Worker{
 		Slot: h.Slot, PID: h.PID, Release: h.Release, Generation: h.Generation, Started: h.Started,
 		spec: spec, pidfd: pfd, startTime: h.StartTime, tail: logs.NewTail(tailLines),
@@ -393,7 +386,7 @@ func adoptWorker(a spawnArgs, spec *Spec, h *Handover) (*Worker, *channels, erro
 		w.state, w.readyAt = Ready, h.ReadyAt
 		w.readyOnce.Do(func() { close(w.ready) })
 	}
-	adoptTrap(a, spec, h, w)
+	sourceOf(spec).adopt(a, h, w, c)
 	w.members = adoptMembers(spec, h)
 	w.sockets = memberInodes(w.members) // nil for one already steered: found in /proc
 	if h.Unit != nil {

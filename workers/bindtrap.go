@@ -190,34 +190,36 @@ func adoptTrapFile(f *os.File) (*os.File, error) {
 // and in its kept fds.
 const trapStream = "bind"
 
-// trapPair gives hp the shim's end of the bind trap's socketpair for a
-// spec with BindTrap (not with the Node.js preload, which maps node's
-// listen itself) and records in kept that the worker keeps the notify fd
-// at handoff.TrapFD. It returns the agent's end, nil without a trap.
-func trapPair(spec *Spec, hp *handoff.Proc, kept map[string]int) (*os.File, error) {
-	if !spec.BindTrap || spec.Node != nil {
-		return nil, nil
-	}
+// trapSource is the bind the agent answers (listenerSource): the exec
+// shim gets one end of a socketpair at hp.Trap, sends the seccomp notify
+// fd on it before it execs the app, and the worker keeps that fd at
+// handoff.TrapFD for the agent after a crash or an upgrade. The shim is
+// always used: a Direct start has none to install the filter.
+type trapSource struct{}
+
+func (trapSource) prepare(st *sourceStart) error {
 	agentEnd, child, err := bindtrap.Pair()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	hp.Trap, hp.Direct = child, false
-	kept[trapStream] = handoff.TrapFD
-	return agentEnd, nil
+	st.trap, st.agentEnd, st.direct = child, agentEnd, false
+	st.kept = map[string]int{trapStream: handoff.TrapFD}
+	return nil
 }
 
-// adoptTrap answers the binds of an adopted worker with the notify fd that
-// crossed with it (closed when the spec has no trap: nothing would answer).
-// In a steered pool its binds get the shared sockets: an adopted worker
-// bound long ago.
-func adoptTrap(a spawnArgs, spec *Spec, h *Handover, w *Worker) {
+// started answers the worker's binds from the agent's end of the pair.
+func (trapSource) started(w *Worker, log hclog.Logger, st *sourceStart) {
+	w.startTrap(log, st.spec, st.ls, st.agentEnd, nil)
+	st.agentEnd = nil
+}
+
+// adopt answers the binds of an adopted worker with the notify fd that
+// crossed with it. In a steered pool its binds get the shared sockets: an
+// adopted worker bound long ago.
+func (trapSource) adopt(a spawnArgs, h *Handover, w *Worker, _ *channels) {
+	dropStreams(h, nodeStream)
 	f := h.files[trapStream]
 	if f == nil {
-		return
-	}
-	if !spec.BindTrap {
-		f.Close()
 		return
 	}
 	nf, err := adoptTrapFile(f)
@@ -227,21 +229,20 @@ func adoptTrap(a spawnArgs, spec *Spec, h *Handover, w *Worker) {
 		}
 		return
 	}
-	w.startTrap(a.log, spec, spec.Listeners, nil, nf)
+	w.startTrap(a.log, w.spec, w.spec.Listeners, nil, nf)
 }
 
-// socketSource says how w got its listeners, for status. Called with w.mu
-// held: it takes only the trap's leaf locks.
-func (w *Worker) socketSource() string {
-	switch {
-	case w.trap != nil:
+// handoff gives the notify fd to the next agent, which answers the
+// worker's binds from then on (adopt).
+func (trapSource) handoff(w *Worker) (string, *os.File) { return trapStream, w.trap.file() }
+
+// describe: how many of the worker's binds took the agent's socket; a
+// worker whose trap never started got its fds as any other.
+func (trapSource) describe(w *Worker) string {
+	if w.trap != nil {
 		return w.trap.describe()
-	case w.node != nil:
-		return "node preload"
-	case w.spec != nil && len(w.spec.Listeners) > 0:
-		return "inherited fd"
 	}
-	return ""
+	return inheritedSource{}.describe(w)
 }
 
 // identityReady is the ready mode as Spec.Identity names it: "bind" is

@@ -310,9 +310,11 @@ func (w *Worker) describe() *Handover {
 			h.Streams = append(h.Streams, name)
 		}
 	}
-	if f := w.trap.file(); f != nil {
-		h.files[trapStream] = f
-		h.Streams = append(h.Streams, trapStream)
+	if hs, ok := sourceOf(w.spec).(sourceHandoff); ok {
+		if name, f := hs.handoff(w); f != nil {
+			h.files[name] = f
+			h.Streams = append(h.Streams, name)
+		}
 	}
 	// A worker not yet in the steering map crosses with its own sockets,
 	// for the next agent to put it there once it is ready.

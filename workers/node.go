@@ -56,6 +56,67 @@ func prepareNode(spec *Spec, env []string, health *os.File, direct bool) (*nodeS
 	return n, nil
 }
 
+// nodeStream names the preload's channel in a Handover and in a
+// worker's kept fds.
+const nodeStream = "node"
+
+// nodeSource is the Node.js preload (listenerSource): node's listen()
+// takes the agent's socket at nodejs.FirstFD+1.., the preload reports on
+// its own channel (readNode), and node itself (not npm & co.), unpinned,
+// starts without the exec shim: the preload sets LISTEN_PID.
+type nodeSource struct{}
+
+func (nodeSource) prepare(st *sourceStart) error {
+	if !st.spec.Node.Indirect && st.cpu < 0 {
+		st.exec, st.direct = handoff.ExecPath(st.spec.Argv[0], st.env, st.spec.Dir)
+	}
+	own := *st.spec
+	own.Listeners = st.ls
+	n, err := prepareNode(&own, st.env, st.c.health, st.direct)
+	if err != nil {
+		return err
+	}
+	st.c.node, st.env, st.fixed = n, n.env, n.fixed
+	return nil
+}
+
+func (nodeSource) started(*Worker, hclog.Logger, *sourceStart) {}
+
+// adopt takes the preload's channel that crossed with h; serve reads it.
+func (nodeSource) adopt(_ spawnArgs, h *Handover, _ *Worker, c *channels) {
+	if f := h.files[nodeStream]; f != nil {
+		c.node = &nodeStart{ch: &handoff.IPCChannel{Parent: f}}
+	}
+	dropStreams(h, trapStream)
+}
+
+// reader reads the preload's channel (readNode) while the worker runs.
+func (nodeSource) reader(w *Worker, c *channels, log hclog.Logger) (string, *os.File, func(*sync.WaitGroup, *os.File)) {
+	if c.node == nil {
+		return "", nil, nil // an adopted worker whose channel did not cross
+	}
+	w.node = &nodeWorker{done: make(chan struct{}), grace: w.spec.StopTimeout, indirect: w.spec.Node.Indirect}
+	return nodeStream, c.node.ch.Parent, func(wg *sync.WaitGroup, f *os.File) { w.readNode(wg, f, w.spec.Ready, log) }
+}
+
+// stopsGroup: through npm & co. the stop signal goes to the process
+// group (nodeWorker).
+func (nodeSource) stopsGroup(w *Worker) bool { return w.node != nil && w.node.indirect }
+
+// awaitGone waits until the app's node closed the preload's channel too.
+func (nodeSource) awaitGone(w *Worker) {
+	if w.node != nil {
+		w.node.await(w.unit)
+	}
+}
+
+func (nodeSource) describe(w *Worker) string {
+	if w.node != nil {
+		return "node preload"
+	}
+	return inheritedSource{}.describe(w)
+}
+
 // readNode reads the preload's sd_notify lines until EOF (every process
 // holding the channel has exited). LISTEN= counts in a discovery run only
 // (takeAsked). READY=1 counts only with ready = "notify",

@@ -79,7 +79,7 @@ func (w *Worker) signalMain(sig syscall.Signal) {
 // process of its unit (an adopted one; each through a checked pidfd).
 func (w *Worker) signal(sig syscall.Signal) {
 	failpoint.DelaySignal() // a stress run's late signal; nothing otherwise
-	if w.node != nil && w.node.indirect {
+	if s, ok := sourceOf(w.spec).(sourceStopper); ok && s.stopsGroup(w) {
 		if w.signalGroup(sig) {
 			return
 		}
@@ -138,8 +138,8 @@ func (w *Worker) reap(exitErr error) (*os.ProcessState, error) {
 func (w *Worker) wait(log hclog.Logger, readers *sync.WaitGroup, chans, ends []*os.File) {
 	exitErr := w.awaitExit()
 	exitedAt := time.Now()
-	if w.node != nil {
-		w.node.await(w.unit) // npm start: the app's node may outlive npm
+	if s, ok := sourceOf(w.spec).(sourceStopper); ok {
+		s.awaitGone(w) // npm start: the app's node may outlive npm
 	}
 	// What it left running (which may hold its output pipes) dies with
 	// its unit, before the reap: its group id is still its own.

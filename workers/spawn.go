@@ -89,7 +89,7 @@ func (c *channels) keep() ([]*os.File, map[string]int) {
 		add("ipc", c.ipc.Parent)
 	}
 	if c.node != nil {
-		add("node", c.node.ch.Parent)
+		add(nodeStream, c.node.ch.Parent)
 	}
 	return fs, kept
 }
@@ -231,42 +231,26 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	unit := procunit.New("worker-" + a.app + "-" + strconv.Itoa(slot))
 	env := workerEnv(a, spec, slot, c)
 	env = append(env, unit.Env())
-	var fixed []handoff.FixedFile
-	direct, execPath, argv := false, "", spec.Argv
-	if spec.JS != nil {
+	argv := spec.Argv
+	if spec.JS != nil { // Bun's and Deno's drain preload (jsdrain)
 		argv, env = spec.JS.Apply(argv, env)
 	}
-	if spec.Node != nil {
-		// node itself (not npm & co.), unpinned: the preload sets
-		// LISTEN_PID, so no shim is needed between the agent and node.
-		if !spec.Node.Indirect && cpu < 0 {
-			execPath, direct = handoff.ExecPath(spec.Argv[0], env, spec.Dir)
-		}
-		own := *spec
-		own.Listeners = ls
-		if c.node, err = prepareNode(&own, env, c.health, direct); err != nil {
-			unit.DropCgroup() // made for a start that does not happen
-			c.closeChild()
-			c.closeParent()
-			closeMembers(members)
-			return nil, err
-		}
-		env, fixed = c.node.env, c.node.fixed
-	}
-	keep, kept := c.keep()
-	hp := handoff.Proc{
-		Shim: a.shim, Argv: argv, Dir: spec.Dir, Env: env,
-		Stdout: c.outW, Stderr: c.errW, Listeners: ls, Health: c.health, Extra: extra, Fixed: fixed,
-		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu, Direct: direct, Exec: execPath,
-	}
-	trapEnd, err := trapPair(spec, &hp, kept)
-	if err != nil {
-		unit.DropCgroup()
+	src := sourceOf(spec)
+	st := &sourceStart{spec: spec, ls: ls, c: c, cpu: cpu, env: env}
+	if err := src.prepare(st); err != nil {
+		unit.DropCgroup() // made for a start that does not happen
 		c.closeChild()
 		c.closeParent()
 		closeMembers(members)
 		return nil, err
 	}
+	keep, kept := c.keep()
+	hp := handoff.Proc{
+		Shim: a.shim, Argv: argv, Dir: spec.Dir,
+		Stdout: c.outW, Stderr: c.errW, Listeners: ls, Health: c.health, Extra: extra,
+		Keep: keep, Credential: spec.Credential, Pin: cpu >= 0, CPU: cpu,
+	}
+	st.apply(&hp, kept)
 	hp.Cgroup, hp.UseCgroup = unit.CgroupFD()
 	proc, err := handoff.Start(hp)
 	if err != nil && hp.UseCgroup {
@@ -279,9 +263,9 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if f := c.notifyCopy; f != nil {
 		f.Close()
 	}
-	closeFiles(hp.Trap)
+	st.closeChild()
 	if err != nil {
-		closeFiles(trapEnd)
+		st.closeAgent()
 		unit.DropCgroup()
 		c.closeParent()
 		closeMembers(members)
@@ -297,9 +281,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		ready: make(chan struct{}), exited: make(chan struct{}), state: Starting, kept: kept,
 		members: members, sockets: memberInodes(members), unit: unit,
 	}
-	if trapEnd != nil {
-		w.startTrap(a.log, spec, ls, trapEnd, nil)
-	}
+	src.started(w, a.log, st)
 	w.serve(a, spec, c, nil)
 	return w, nil
 }
@@ -361,13 +343,14 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		go w.readIPC(&readers, c.ipc.Parent)
 		chans = append(chans, c.ipc.Parent)
 	}
-	if c.node != nil {
-		w.node = &nodeWorker{done: make(chan struct{}), grace: spec.StopTimeout, indirect: spec.Node.Indirect}
-		readers.Add(1)
-		w.pz.add(c.node.ch.Parent)
-		w.ends["node"] = c.node.ch.Parent
-		go w.readNode(&readers, c.node.ch.Parent, spec.Ready, a.log)
-		chans = append(chans, c.node.ch.Parent)
+	if r, ok := sourceOf(spec).(sourceReader); ok {
+		if name, f, read := r.reader(w, c, a.log); f != nil {
+			readers.Add(1)
+			w.pz.add(f)
+			w.ends[name] = f
+			go read(&readers, f)
+			chans = append(chans, f)
+		}
 	}
 	pipes = append(pipes, chans...)
 	if spec.Ready.Mode == ReadyDelay && !w.isReady() {
