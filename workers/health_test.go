@@ -107,11 +107,13 @@ func TestHTTPReadyWaitsForHealthPath(t *testing.T) {
 }
 
 // A worker whose health path never answers 2xx is not ready: the error
-// names the path and the last answer.
+// names the path and the last answer. The timeout leaves a loaded machine
+// time to start the helper and answer one probe (700 ms did not, in a CI
+// run beside other tests: the error then had no answer to name).
 func TestHTTPReadyTimeoutSaysWhy(t *testing.T) {
 	t.Parallel()
 	spec := healthSpec(t, 1, "HEALTH_OK_AFTER=1h")
-	spec.ReadyTimeout = 700 * time.Millisecond
+	spec.ReadyTimeout = 5 * time.Second
 	s := newSupervisor(t, spec)
 	err := s.Start()
 	var nr *NotReadyError
