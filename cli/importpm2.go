@@ -95,9 +95,11 @@ func runImportPM2(c *cli.Context) error {
 		notes = append(notes, n...)
 		tables = append(tables, importedApp{name: pm2Name(app, i), text: text})
 	}
-	for _, n := range notes {
-		defer fmt.Fprintln(c.App.ErrWriter, "not mapped: "+n)
-	}
+	defer func() { // after what was written or applied, in order
+		for _, n := range notes {
+			fmt.Fprintln(c.App.ErrWriter, "not mapped: "+n)
+		}
+	}()
 	if c.Bool("apply") {
 		if c.IsSet("output") {
 			return fail(ExitUsage, "--apply adds the apps to the agent's config file; -o writes a file of their own: use one")
