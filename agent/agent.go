@@ -89,17 +89,12 @@ type Agent struct {
 	// inherited is the previous agent's handover (nil without one): the
 	// workers startApps adopts. Set by setup.
 	inherited *received
-	orphans   map[string][]*workers.Handover // handed over for apps this agent does not run
-	changed   chan struct{}                  // wakes the recorder (survivors.go)
-	book      recordBook                     // this agent's record on disk (survivors.go)
-	marker    string                         // every worker's DEPLOYD_AGENT_ID (survivors.go)
-	retiring  sync.WaitGroup                 // retireLater in flight
-	// found are the workers dead agents left, foundRecords their records
-	// (survivors.go): retired once this agent's workers are ready.
-	found        []survivor
-	foundRecords []string
-	metrics      net.Listener                                                // [agent] metrics; nil when off (systemd.go)
-	newEdge      func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
+	orphans   map[string][]*workers.Handover                              // handed over for apps this agent does not run
+	book      *recordBook                                                 // this agent's record on disk (record.go)
+	survivors *survivors                                                  // the workers dead agents left (survivors.go)
+	retiring  sync.WaitGroup                                              // afterAdopting in flight
+	metrics   net.Listener                                                // [agent] metrics; nil when off (systemd.go)
+	newEdge   func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
 
 	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
 	parent        int    // a new agent's parent, the previous agent (loop)
@@ -135,7 +130,7 @@ func Run(opts Options) error {
 	a := &Agent{
 		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, path: cfg.Path, settings: cfg.Agent,
 		upg: upg, shutdown: make(chan struct{}), ready: make(chan struct{}),
-		changed: make(chan struct{}, 1), newEdge: opts.Edge,
+		newEdge: opts.Edge,
 	}
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
@@ -144,15 +139,17 @@ func Run(opts Options) error {
 		a.parent = os.Getppid()
 		a.adopting = true
 	}
-	a.marker = agentMarker(cfg.Agent.StateDir)
+	a.book = newRecordBook(cfg.Agent.StateDir, log)
+	mine := func() map[string][]workers.Process { return processes(a.apps.list()) }
+	a.survivors = &survivors{log: log, stateDir: cfg.Agent.StateDir, mine: mine, parent: upg,
+		upgradeTimeout: cfg.Agent.UpgradeTimeout}
 	socks := a.activation()
 	if !upg.HasParent() {
 		// Workers a killed agent left: their sockets first (still bound),
 		// retired once this agent's own workers are ready (survivors.go).
-		a.found, a.foundRecords = a.survivors()
-		a.adopting = len(a.found) > 0
-		a.endDeadSurvivors(a.found)
-		socks = append(socks, a.survivorSockets(a.found)...)
+		a.adopting = len(a.survivors.collect()) > 0
+		a.survivors.endDead()
+		socks = append(socks, a.survivors.sockets()...)
 	}
 	a.reg = handoff.NewRegistry(upg.Fds(), socks, log)
 	// Signals first, so a SIGTERM during startup is not lost.
@@ -234,7 +231,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 				return nil
 			}
 		}
-		a.recorder(stopRec)
+		a.book.run(stopRec, func() map[string][]workers.Process { return processes(a.appList()) })
 		return nil
 	}, func(error) { close(stopRec) })
 	stopLoop := make(chan struct{})
@@ -281,7 +278,7 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 	}
 	a.retiring.Wait()
 	if !a.orphaned {
-		a.removeRecord() // every worker is stopped, or recorded by the next agent
+		a.book.remove() // every worker is stopped, or recorded by the next agent
 	}
 }
 
@@ -327,7 +324,7 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
 	// Recorded before the previous agent may exit: if this one is killed
 	// from now on, the next one finds every worker (survivors.go).
-	if err := a.writeRecord(a.processes()); err != nil {
+	if err := a.book.write(processes(a.appList())); err != nil {
 		a.log.Warn("record the running workers", "error", err)
 	}
 	a.retiring.Go(a.afterAdopting)

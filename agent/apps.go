@@ -242,8 +242,8 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 	}
 	rt.sup = workers.New(workers.Options{
 		App: app.Name, Shim: a.shim, Out: rt.out, Err: rt.err, Logger: a.log.Named("workers"),
-		BeforeStart: a.beforeStart(app.Name), Marker: a.marker, OnReady: a.recordReady,
-		Changed:   a.processesChanged,
+		BeforeStart: a.book.beforeStart(app.Name), Marker: a.book.marker, OnReady: a.book.markReady,
+		Changed:   a.book.poke,
 		NotifyDir: filepath.Join(a.settings.StateDir, "run", "notify"),
 	}, spec)
 	return rt, nil

@@ -3,6 +3,8 @@ package agent
 import (
 	"sort"
 	"sync"
+
+	"github.com/deployd/deployd/workers"
 )
 
 // appSet is the agent's apps by name, and the one owner of that map. Its
@@ -60,4 +62,15 @@ func (s *appSet) swap(add []*appRT, remove []string) (taken, removed []*appRT) {
 		}
 	}
 	return taken, removed
+}
+
+// processes returns the worker processes of apps, by app name.
+func processes(apps []*appRT) map[string][]workers.Process {
+	out := map[string][]workers.Process{}
+	for _, rt := range apps {
+		if ps := rt.sup.Processes(); len(ps) > 0 {
+			out[rt.name] = ps
+		}
+	}
+	return out
 }

@@ -109,7 +109,7 @@ func (a *Agent) discover(app *config.App) (string, error) {
 		return "", err
 	}
 	sup := workers.New(workers.Options{
-		App: app.Name, Shim: a.shim, Logger: a.log.Named("workers"), Marker: a.marker,
+		App: app.Name, Shim: a.shim, Logger: a.log.Named("workers"), Marker: a.book.marker,
 		NotifyDir: filepath.Join(a.settings.StateDir, "run", "notify"),
 	}, spec)
 	defer sup.Stop()

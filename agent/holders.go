@@ -62,7 +62,7 @@ type holder struct {
 func (a *Agent) afterAdopting() {
 	var wg sync.WaitGroup
 	parentGone := true
-	wg.Go(func() { parentGone = a.retireLater() })
+	wg.Go(func() { parentGone = a.survivors.retireLater() })
 	wg.Go(a.stopLeftovers)
 	wg.Wait()
 	if !a.adopting || !parentGone {
@@ -229,7 +229,7 @@ func (a *Agent) unsupervised(h holder) string {
 // one's state_dir: its record names its pid and start time. An agent's
 // record outlives its copies of the listeners (teardown removes it last).
 func (a *Agent) agentOfThisInstallation(h holder) bool {
-	b, err := os.ReadFile(filepath.Join(a.recordsDir(), strconv.Itoa(h.pid)+".json"))
+	b, err := os.ReadFile(filepath.Join(recordsDir(a.settings.StateDir), strconv.Itoa(h.pid)+".json"))
 	var rec agentRecord
 	return err == nil && json.Unmarshal(b, &rec) == nil && rec.AgentPID == h.pid && rec.AgentStart == h.start
 }

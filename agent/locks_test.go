@@ -14,10 +14,10 @@ import (
 // orders the writes. They call no method of this package that locks, and
 // no callback other than a pure edit of a copy.
 var fileOwners = map[string]string{
-	"stateFile.update":  "fn edits a copy of the app's state; writeLocked writes state.json",
-	"Agent.writeRecord": "putRecord writes this agent's record (survivors.go)",
-	"Agent.recordReady": "putRecord writes this agent's record",
-	"Agent.beforeStart": "putRecord writes this agent's record",
+	"stateFile.update":       "fn edits a copy of the app's state; writeLocked writes state.json",
+	"recordBook.write":       "put writes this agent's record (record.go)",
+	"recordBook.markReady":   "put writes this agent's record",
+	"recordBook.beforeStart": "put writes this agent's record",
 }
 
 // leafCalls are what code may call while it holds a lock: builtins, and

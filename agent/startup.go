@@ -43,8 +43,8 @@ func (a *Agent) setup(cfg *config.Config) error {
 	if a.inherited, err = a.receiveHandover(); err != nil {
 		return fmt.Errorf("read the previous agent's handover: %w", err)
 	}
-	if a.inherited == nil && len(a.found) > 0 {
-		a.inherited = a.adoptSurvivors() // an agent died: adopt what it left
+	if a.inherited == nil && len(a.survivors.found) > 0 {
+		a.inherited = a.survivors.adopt() // an agent died: adopt what it left
 	}
 	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
 	// Apps removed from the config while no agent ran.
