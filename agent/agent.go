@@ -82,7 +82,7 @@ type Agent struct {
 	tearingDown  atomic.Bool    // set as teardown starts: its workers stop, none is a stray (holders.go)
 	upgrading    sync.Mutex     // held while an upgrade runs
 	upgWG        sync.WaitGroup // SIGHUP upgrades in flight
-	hooks        afterHooks     // after hooks running or queued (afterhook.go)
+	hooks        *hooks         // before and after hooks; after hooks running or queued (hooks.go)
 
 	state    *stateFile
 	releases *release.Store
@@ -139,6 +139,8 @@ func Run(opts Options) error {
 		a.parent = os.Getppid()
 		a.adopting = true
 	}
+	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	a.hooks = &hooks{log: log, releases: a.releases}
 	a.book = newRecordBook(cfg.Agent.StateDir, log)
 	mine := func() map[string][]workers.Process { return processes(a.apps.list()) }
 	a.survivors = &survivors{log: log, stateDir: cfg.Agent.StateDir, mine: mine, parent: upg,

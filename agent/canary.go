@@ -81,8 +81,8 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, r roll, emit func(wo
 			// The after hook runs once the release serves everywhere, in
 			// the promote's result when a promote asked (endCanary), and
 			// in the agent's and the app's logs.
-			if h := a.hookFor(rt.config(), "after", "deploy", version, prev); h != nil {
-				a.queueAfter(rt, h)
+			if h := a.hooks.plan(rt.config(), "after", "deploy", version, prev); h != nil {
+				a.hooks.queueAfter(rt, h)
 			}
 		} else {
 			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
@@ -157,7 +157,7 @@ func (a *Agent) endCanary(_ context.Context, name string, want workers.CanaryOut
 	}
 	res := canaryResult(rt.name, end, err)
 	if res.Outcome == api.OutcomePromoted && locked {
-		res.Hooks = a.runQueuedAfter(rt, emit) // a deployed canary's after hook
+		res.Hooks = a.hooks.runQueued(rt, emit) // a deployed canary's after hook
 	}
 	res.DurationSeconds = time.Since(t).Seconds()
 	if s.Canary == nil && res.CanaryEnd != nil {

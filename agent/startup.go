@@ -11,7 +11,6 @@ import (
 
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
-	"github.com/deployd/deployd/release"
 	"github.com/deployd/deployd/workers"
 )
 
@@ -32,7 +31,6 @@ func (a *Agent) setup(cfg *config.Config) error {
 	if a.state, err = loadState(cfg.Agent.StateDir); err != nil {
 		return err
 	}
-	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
 	if removed, err := a.releases.RemoveLeftovers(); err != nil { // of deploys cut short
 		a.log.Warn("remove staging folders of installs cut short", "error", err)
 	} else if len(removed) > 0 {

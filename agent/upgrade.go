@@ -50,7 +50,7 @@ func (a *Agent) upgrade(ctx context.Context, src *os.File, check selfupdate.Chec
 	if err := a.heldApp(); err != nil {
 		return nil, err
 	}
-	if err := a.waitHooks(ctx); err != nil {
+	if err := a.hooks.wait(ctx); err != nil {
 		return nil, err
 	}
 	if err := a.busyApp(restartWorkers); err != nil {
