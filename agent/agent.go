@@ -77,19 +77,18 @@ type Agent struct {
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
-	ready        chan struct{}  // closed once the agent serves (after upg.Ready)
-	quiet        atomic.Bool    // a new agent that has not taken over: leave the previous one's sockets alone
-	tearingDown  atomic.Bool    // set as teardown starts: its workers stop, none is a stray (holders.go)
-	upgrading    sync.Mutex     // held while an upgrade runs
-	upgWG        sync.WaitGroup // SIGHUP upgrades in flight
-	hooks        *hooks         // before and after hooks; after hooks running or queued (hooks.go)
+	ready        chan struct{} // closed once the agent serves (after upg.Ready)
+	quiet        atomic.Bool   // a new agent that has not taken over: leave the previous one's sockets alone
+	tearingDown  atomic.Bool   // set as teardown starts: its workers stop, none is a stray (holders.go)
+	upgrades     *upgrades     // this agent's self-upgrades (upgrades.go)
+	takeover     *takeover     // a new agent's side of an upgrade (takeover.go)
+	hooks        *hooks        // before and after hooks; after hooks running or queued (hooks.go)
 
 	state    *stateFile
 	releases *release.Store
 	// inherited is the previous agent's handover (nil without one): the
 	// workers startApps adopts. Set by setup.
 	inherited *received
-	orphans   map[string][]*workers.Handover                              // handed over for apps this agent does not run
 	book      *recordBook                                                 // this agent's record on disk (record.go)
 	survivors *survivors                                                  // the workers dead agents left (survivors.go)
 	retiring  sync.WaitGroup                                              // afterAdopting in flight
@@ -97,11 +96,6 @@ type Agent struct {
 	newEdge   func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
 
 	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
-	parent        int    // a new agent's parent, the previous agent (loop)
-	// orphaned: the previous agent died during the handoff and this one
-	// exits for systemd's next agent, which adopts the workers from this
-	// one's record: teardown keeps it (handoffLost).
-	orphaned bool
 	// adopting: this start takes workers over (a handoff, or survivors of
 	// a dead agent); set by Run, read by afterAdopting (holders.go).
 	adopting bool
@@ -135,12 +129,15 @@ func Run(opts Options) error {
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
+	a.takeover = &takeover{log: log, upg: upg, shim: shim, timeout: cfg.Agent.UpgradeTimeout}
 	if upg.HasParent() {
-		a.parent = os.Getppid()
+		a.takeover.parent = os.Getppid()
 		a.adopting = true
 	}
 	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
 	a.hooks = &hooks{log: log, releases: a.releases}
+	a.upgrades = &upgrades{log: log, upg: upg, shim: shim, config: cfg.Path, timeout: cfg.Agent.UpgradeTimeout,
+		ready: a.ready, apps: a.apps.list, hooks: a.hooks}
 	a.book = newRecordBook(cfg.Agent.StateDir, log)
 	mine := func() map[string][]workers.Process { return processes(a.apps.list()) }
 	a.survivors = &survivors{log: log, stateDir: cfg.Agent.StateDir, mine: mine, parent: upg,
@@ -251,7 +248,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 func (a *Agent) teardown(handedOff, removeFiles bool) {
 	a.tearingDown.Store(true)
 	a.hooks.close() // after hooks end (each within after_timeout) before their app's workers stop
-	a.upgWG.Wait()
+	a.upgrades.wait()
 	eachApp(a.appList(), func(rt *appRT) {
 		if handedOff {
 			rt.sup.Release() // the handed-over workers run on under the new agent
@@ -279,7 +276,7 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		a.upg.Stop()
 	}
 	a.retiring.Wait()
-	if !a.orphaned {
+	if !a.takeover.orphaned {
 		a.book.remove() // every worker is stopped, or recorded by the next agent
 	}
 }
@@ -330,12 +327,12 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		a.log.Warn("record the running workers", "error", err)
 	}
 	a.retiring.Go(a.afterAdopting)
-	a.holdHandoff(true)
+	a.takeover.hold(true)
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
-	a.holdHandoff(false)
+	a.takeover.hold(false)
 	if err := a.upg.Ready(); err != nil {
-		if err := a.handoffLost(err); err != nil {
+		if err := a.takeover.lost(err); err != nil {
 			return err
 		}
 	}
@@ -353,7 +350,7 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
-				a.upgWG.Go(a.upgradeAsync)
+				a.upgrades.sighup()
 			case syscall.SIGUSR1:
 				a.rotateAll()
 			default:

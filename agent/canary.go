@@ -258,8 +258,8 @@ func slotList(slots []int) string {
 
 // heldApp returns the refusal of an agent upgrade while an app holds a
 // canary (a hold is not carried to the next agent), nil when none does.
-func (a *Agent) heldApp() error {
-	for _, rt := range a.appList() {
+func heldApp(apps []*appRT) error {
+	for _, rt := range apps {
 		if he := rt.sup.Holding(); he != nil {
 			return failWith(api.KindBusy, "%s. An agent upgrade does not carry a canary's hold: end it first", holdMessage(rt.name, he))
 		}

@@ -63,7 +63,10 @@ func (a *Agent) afterAdopting() {
 	var wg sync.WaitGroup
 	parentGone := true
 	wg.Go(func() { parentGone = a.survivors.retireLater() })
-	wg.Go(a.stopLeftovers)
+	wg.Go(func() {
+		eachApp(a.appList(), func(rt *appRT) { rt.sup.StopLeftovers() })
+		a.takeover.retireOrphans()
+	})
 	wg.Wait()
 	if !a.adopting || !parentGone {
 		return

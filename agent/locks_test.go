@@ -32,7 +32,7 @@ var leafCalls = map[string]bool{
 // Unlock (or the end of the function, after a deferred Unlock) the code
 // calls nothing but builtins. A method that holds a lock cannot call one
 // that takes it, so a re-entrant Lock (a deadlock no test of one method
-// sees) cannot be written. Operation locks (busy, upgrading) are TryLock
+// sees) cannot be written. Operation locks (busy, upgrades.running) are TryLock
 // only and are held across an operation on purpose: they are not checked.
 func TestLocksAreTakenInLeavesOnly(t *testing.T) {
 	fset := token.NewFileSet()

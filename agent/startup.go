@@ -38,7 +38,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 	}
 	// Before any app: a handover we cannot read must make this agent give
 	// up, so that the previous one keeps its workers.
-	if a.inherited, err = a.receiveHandover(); err != nil {
+	if a.inherited, err = a.takeover.receive(); err != nil {
 		return fmt.Errorf("read the previous agent's handover: %w", err)
 	}
 	if a.inherited == nil && len(a.survivors.found) > 0 {
@@ -120,7 +120,7 @@ func (a *Agent) startApps() error {
 		handed, pools, unhealthy, a.inherited = in.byApp, in.pools, in.unhealthy, nil
 	}
 	// Apps removed or stopped: their workers go once this agent took over.
-	defer func() { a.orphans = handed }()
+	defer func() { a.takeover.orphans = handed }()
 	adopt := map[*appRT][]*workers.Handover{}
 	for _, rt := range a.appList() {
 		if a.state.get(rt.name).Stopped {
