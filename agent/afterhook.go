@@ -102,29 +102,31 @@ func (t *afterHooks) take(rt *appRT) *hookRun {
 
 // queueAfter queues h, the after hook of rt's canary that was just
 // promoted (called by the hold's end, before the app admits its next
-// operation), and starts a goroutine that runs it under rt's busy lock
-// unless the promote that holds the lock runs it first (runQueued).
-// A hold that ended by itself takes the lock at once, so no operation
-// slips in before its hook, as none does before a deploy's after hook.
+// operation), and starts a goroutine that runs it under a claim on rt
+// (admit.go) unless the promote that holds the claim runs it first
+// (runQueued). A hold that ended by itself claims the app at once, so no
+// operation slips in before its hook, as none does before a deploy's after
+// hook.
 func (k *hooks) queueAfter(rt *appRT, h *hookRun) {
 	if !k.after.enter() {
 		rt.log.Error("after hook not run: the agent is stopping", "hook", h.name, "version", h.version)
 		return
 	}
 	k.after.queue(rt, h)
-	owned := rt.busy.TryLock()
+	const what = "after hook of a promoted canary"
+	release, err := rt.sup.Claim(what)
 	go func() {
 		defer k.after.leave()
-		if !owned {
-			rt.busy.Lock()
+		if err != nil {
+			release = rt.sup.ClaimWait(what)
 		}
-		defer rt.busy.Unlock()
+		defer release()
 		k.runQueued(rt, discard)
 	}()
 }
 
 // runQueued runs rt's queued after hook, if any, announcing it to emit;
-// rt.busy is held. Nil when none was queued.
+// the caller holds a claim on rt. Nil when none was queued.
 func (k *hooks) runQueued(rt *appRT, emit func(workers.Event)) []api.HookResult {
 	h := k.after.take(rt)
 	if h == nil {

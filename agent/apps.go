@@ -29,9 +29,6 @@ type appRT struct {
 	log      hclog.Logger // the agent's, with the app's name bound
 	sup      *workers.Supervisor
 	out, err *logs.Sink
-	// busy is held by the operation that replaces workers (reload, deploy,
-	// rollback, restart, scale): a second one is refused at once (admit).
-	busy sync.Mutex
 	// unstarted: built by a reload and swapped in; the reload's move
 	// starts it (begin).
 	unstarted atomic.Bool

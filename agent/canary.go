@@ -135,9 +135,13 @@ func (a *Agent) endCanary(_ context.Context, name string, want workers.CanaryOut
 		}
 		return failWith(api.KindNoCanary, "%s", noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
 	}
-	// A hold that ended already needs no lock to be told: the lock may be
-	// held by the after hook of a hold that canary_timeout promoted.
-	rt, done, locked, err := a.admit(name, rule{endsHold: true, check: check, lockIfFree: true})
+	// A hold that ended already needs no claim to be told: the app may be
+	// claimed by the after hook of a hold that canary_timeout promoted.
+	verb := "abort"
+	if want == workers.CanaryPromoted {
+		verb = "promote"
+	}
+	rt, done, locked, err := a.admit(name, rule{op: verb, endsHold: true, check: check, lockIfFree: true})
 	if err != nil {
 		return nil, err
 	}

@@ -43,7 +43,7 @@ func (a *Agent) Deploy(ctx context.Context, req api.DeployRequest, by Caller, em
 	if err != nil {
 		return nil, prefixed("deploy refused, nothing changed: ", err)
 	}
-	rt, done, _, err := a.admit(req.App, rule{releases: true})
+	rt, done, _, err := a.admit(req.App, rule{op: "deploy", releases: true})
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +131,7 @@ func checkReleaseCommand(rt *appRT, rel *release.Release) error {
 
 // rollTo moves rt to release r.version with a reload and records the
 // outcome in the state file; with r.canary it holds a canary instead, and
-// the hold's end records it. rt.busy is held.
+// the hold's end records it. The caller holds a claim on rt (admit).
 func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployResult {
 	version, prev := r.version, a.state.get(rt.name).Current
 	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: r.okStatus}
@@ -215,7 +215,7 @@ func (a *Agent) Rollback(_ context.Context, req api.RollbackRequest, emit func(w
 	if err != nil {
 		return nil, failWith(api.KindUsage, "%w", err)
 	}
-	rt, done, _, err := a.admit(req.App, rule{releases: true})
+	rt, done, _, err := a.admit(req.App, rule{op: "rollback", releases: true})
 	if err != nil {
 		return nil, err
 	}

@@ -165,7 +165,7 @@ func (a *Agent) moveApps(cfg *config.Config, names []string, done map[string]api
 // 0 a canary of that many workers. Only an outcome of done (or a promoted
 // canary) makes app the running config.
 func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int, emit func(workers.Event)) api.AppResult {
-	rt, done, _, err := a.admit(app.Name, rule{})
+	rt, done, _, err := a.admit(app.Name, rule{op: "reload"})
 	if err != nil {
 		return appResult(app.Name, err)
 	}

@@ -139,12 +139,11 @@ func (u *upgrades) busyApp(restartWorkers bool) error {
 		return nil
 	}
 	for _, rt := range u.apps() {
-		if !rt.busy.TryLock() {
+		if rt.sup.Claimed() != nil {
 			return failWith(api.KindBusy, "app %s: a reload, deploy, restart, scale or stop of it is running; "+
 				"an agent upgrade takes every app over as it is, but not in the middle of an operation: "+
 				"wait for it to finish, then upgrade", rt.name)
 		}
-		rt.busy.Unlock()
 		if be := rt.sup.Status().Busy; be != nil {
 			return failWith(api.KindBusy, "app %s: %s is running since %s; an agent upgrade takes every app over as it is, "+
 				"but not in the middle of an operation: wait for it to finish, then upgrade",
