@@ -82,6 +82,7 @@ type Agent struct {
 	tearingDown  atomic.Bool   // set as teardown starts: its workers stop, none is a stray (holders.go)
 	upgrades     *upgrades     // this agent's self-upgrades (upgrades.go)
 	takeover     *takeover     // a new agent's side of an upgrade (takeover.go)
+	holders      *holders      // who holds the apps' sockets after an adopting start (holders.go)
 	hooks        *hooks        // before and after hooks; after hooks running or queued (hooks.go)
 
 	state    *stateFile
@@ -95,7 +96,7 @@ type Agent struct {
 	metrics   net.Listener                                                // [agent] metrics; nil when off (systemd.go)
 	newEdge   func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
 
-	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
+	control *controlSocket // the control socket's path and folder (controlsocket.go)
 	// adopting: this start takes workers over (a handoff, or survivors of
 	// a dead agent); set by Run, read by afterAdopting (holders.go).
 	adopting bool
@@ -136,6 +137,8 @@ func Run(opts Options) error {
 	}
 	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
 	a.hooks = &hooks{log: log, releases: a.releases}
+	a.control = &controlSocket{log: log, path: cfg.Agent.Socket, group: cfg.Agent.SocketGroup}
+	a.holders = &holders{log: log, stateDir: cfg.Agent.StateDir, apps: a.apps.list, stopping: &a.tearingDown}
 	a.upgrades = &upgrades{log: log, upg: upg, shim: shim, config: cfg.Path, timeout: cfg.Agent.UpgradeTimeout,
 		ready: a.ready, apps: a.apps.list, hooks: a.hooks}
 	a.book = newRecordBook(cfg.Agent.StateDir, log)
@@ -155,7 +158,7 @@ func Run(opts Options) error {
 	sigs, stopSigs := watchSignals()
 	defer stopSigs()
 
-	ctl, err := a.listenControl()
+	ctl, err := a.control.listen(upg.Fds())
 	if err == nil {
 		err = a.setup(cfg)
 		if err != nil {
@@ -260,11 +263,8 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		a.metrics.Close() // our copy: tableflip, or the next agent, holds its own
 	}
 	if removeFiles {
-		if err := handoff.RemoveSocketFile(a.socket); err != nil {
-			a.log.Warn("control socket left in place", "error", err)
-		}
+		a.control.remove()
 		a.reg.RemoveSocketFiles()
-		a.removeCreatedRunDir()
 	}
 	for _, rt := range a.appList() {
 		rt.closeLogs()
@@ -382,59 +382,6 @@ var ErrHandedOff = errors.New("agent: handed off to a new agent")
 // Shutdown makes Run stop. Safe to call many times.
 func (a *Agent) Shutdown() {
 	a.shutdownOnce.Do(func() { close(a.shutdown) })
-}
-
-// listenControl opens (or inherits) the control socket, mode 0600 or 0660
-// with socket_group.
-func (a *Agent) listenControl() (net.Listener, error) {
-	path := a.socket
-	created, err := a.makeDir(filepath.Dir(path), "control socket")
-	if err != nil {
-		return nil, err
-	}
-	a.createdRunDir = created
-	if ln, err := a.upg.Fds().Listener("unix", path); err == nil && ln != nil {
-		// The folder the first agent created is each next one's to remove.
-		a.createdRunDir = os.Getenv(envCreatedRunDir)
-		return ln, nil // inherited from the previous agent
-	}
-	if created != "" {
-		os.Setenv(envCreatedRunDir, created) // for the agents an upgrade starts
-	}
-	if _, err := os.Lstat(path); err == nil {
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			c.Close()
-			return nil, fmt.Errorf("control socket %s: another deployd agent is running there; "+
-				"stop it (`deployd shutdown`) or set [agent] socket to another path", path)
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("control socket %s: %w; another agent may own it: check, then remove the file", path, err)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("control socket %s: remove stale socket: %w", path, err)
-		}
-	}
-	old := syscall.Umask(0o177)
-	ln, err := a.upg.Fds().Listen("unix", path)
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
-	}
-	if g := a.settings.SocketGroup; g != "" {
-		gid, err := LookupGroup(g)
-		if err == nil {
-			err = os.Chown(path, -1, gid)
-		}
-		if err == nil {
-			err = os.Chmod(path, 0o660)
-		}
-		if err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("control socket %s: socket_group %q: %w", path, g, err)
-		}
-	}
-	return ln, nil
 }
 
 // rotateAll reopens (rotates) every app's log files (SIGUSR1).

@@ -23,7 +23,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 		a.log.Warn("config: " + w.String())
 	}
 	for d, what := range map[string]string{cfg.Agent.StateDir: "state (state_dir)", cfg.Agent.LogDir: "app logs (log_dir)"} {
-		if _, err := a.makeDir(d, what); err != nil {
+		if _, err := makeDir(a.log, d, what); err != nil {
 			return err
 		}
 	}
