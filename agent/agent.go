@@ -72,8 +72,8 @@ type Agent struct {
 	upg      upgrader
 	reg      *handoff.Registry // every listener of every app
 
-	apps       appSet
-	generation generations // each app's last spec generation (specFor)
+	apps  appSet
+	build *builder // an app's config into what runs it (builder.go); set by setup
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once

@@ -46,7 +46,7 @@ func (a *Agent) Reload(_ context.Context, req api.ReloadRequest, by Caller, emit
 		}
 	}
 	// After the privilege check: a discovery runs the app's code.
-	if err := a.discoverListens(cfg, p.names, true); err != nil {
+	if err := a.build.discoverListens(cfg, p.names, true); err != nil {
 		return nil, failWith(api.KindRefused, "%w; nothing was changed", err)
 	}
 	a.configNotices(cfg, emit)
@@ -118,7 +118,7 @@ func (a *Agent) configNotices(cfg *config.Config, emit func(workers.Event)) {
 }
 
 // buildApps builds the apps of names that the agent does not run yet
-// (newApp: listeners leased, logs open, nothing runs). An app that cannot
+// (builder.app: listeners leased, logs open, nothing runs). An app that cannot
 // be built gets its result.
 func (a *Agent) buildApps(cfg *config.Config, names []string) ([]*appRT, map[string]api.AppResult) {
 	var added []*appRT
@@ -127,7 +127,7 @@ func (a *Agent) buildApps(cfg *config.Config, names []string) ([]*appRT, map[str
 		if a.apps.get(n) != nil {
 			continue
 		}
-		rt, err := a.newApp(cfg.Apps[n])
+		rt, err := a.build.app(cfg.Apps[n])
 		if err != nil {
 			results[n] = appResult(n, err)
 			continue
@@ -181,7 +181,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	if err != nil {
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
-	spec, err := a.specFor(app, lease.Bound(), a.state.get(app.Name).Current)
+	spec, err := a.build.spec(app, lease.Bound(), a.state.get(app.Name).Current)
 	if err != nil {
 		lease.Release()
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))

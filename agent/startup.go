@@ -31,6 +31,8 @@ func (a *Agent) setup(cfg *config.Config) error {
 	if a.state, err = loadState(cfg.Agent.StateDir); err != nil {
 		return err
 	}
+	a.build = &builder{log: a.log, shim: a.shim, stateDir: cfg.Agent.StateDir, logDir: cfg.Agent.LogDir, reg: a.reg,
+		releases: a.releases, state: a.state, book: a.book}
 	if removed, err := a.releases.RemoveLeftovers(); err != nil { // of deploys cut short
 		a.log.Warn("remove staging folders of installs cut short", "error", err)
 	} else if len(removed) > 0 {
@@ -44,6 +46,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 	if a.inherited == nil && len(a.survivors.found) > 0 {
 		a.inherited = a.survivors.adopt() // an agent died: adopt what it left
 	}
+	a.build.inherit(a.inherited)
 	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
 	// Apps removed from the config while no agent ran.
 	for _, name := range a.state.names() {
@@ -57,10 +60,10 @@ func (a *Agent) setup(cfg *config.Config) error {
 	for _, name := range cfg.AppNames {
 		// An app whose listener cannot be learned starts without one: its
 		// workers say why, as with a listen list that lacks its port.
-		if err := a.discoverListens(cfg, []string{name}, false); err != nil {
+		if err := a.build.discoverListens(cfg, []string{name}, false); err != nil {
 			a.log.Error("listen not discovered", "app", name, "error", err)
 		}
-		rt, err := a.newApp(cfg.Apps[name])
+		rt, err := a.build.app(cfg.Apps[name])
 		if err != nil {
 			for _, rt := range rts {
 				rt.discard()
@@ -118,6 +121,7 @@ func (a *Agent) startApps() error {
 	unhealthy := map[string]bool{}
 	if in := a.inherited; in != nil {
 		handed, pools, unhealthy, a.inherited = in.byApp, in.pools, in.unhealthy, nil
+		a.build.inherit(nil)
 	}
 	// Apps removed or stopped: their workers go once this agent took over.
 	defer func() { a.takeover.orphans = handed }()
