@@ -34,7 +34,7 @@ func (a *Agent) admit(name string, r rule) (rt *appRT, done func(), locked bool,
 	rt = a.apps.get(name)
 	switch {
 	case rt == nil:
-		return nil, nil, false, failWith(api.KindNotFound, "%s", a.noSuchApp(name))
+		return nil, nil, false, failWith(api.KindNotFound, "%s", noSuchApp(a.path, a.apps.list(), name))
 	case r.releases && !rt.config().Releases:
 		return nil, nil, false, failWith(api.KindUsage,
 			"app %s does not take releases; set releases = true in [apps.%s] and reload", name, name)

@@ -145,7 +145,7 @@ func Run(opts Options) error {
 	mine := func() map[string][]workers.Process { return processes(a.apps.list()) }
 	a.survivors = &survivors{log: log, stateDir: cfg.Agent.StateDir, mine: mine, parent: upg,
 		upgradeTimeout: cfg.Agent.UpgradeTimeout}
-	socks := a.activation()
+	socks := activation(log, upg.HasParent())
 	if !upg.HasParent() {
 		// Workers a killed agent left: their sockets first (still bound),
 		// retired once this agent's own workers are ready (survivors.go).
@@ -233,7 +233,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 				return nil
 			}
 		}
-		a.book.run(stopRec, func() map[string][]workers.Process { return processes(a.appList()) })
+		a.book.run(stopRec, func() map[string][]workers.Process { return processes(a.apps.list()) })
 		return nil
 	}, func(error) { close(stopRec) })
 	stopLoop := make(chan struct{})
@@ -252,11 +252,11 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 	a.tearingDown.Store(true)
 	a.hooks.close() // after hooks end (each within after_timeout) before their app's workers stop
 	a.upgrades.wait()
-	eachApp(a.appList(), func(rt *appRT) {
+	eachApp(a.apps.list(), func(rt *appRT) {
 		if handedOff {
 			rt.sup.Release() // the handed-over workers run on under the new agent
 		} else {
-			a.stopApp(rt)
+			stopApp(rt, a.quiet.Load())
 		}
 	})
 	if a.metrics != nil {
@@ -266,7 +266,7 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		a.control.remove()
 		a.reg.RemoveSocketFiles()
 	}
-	for _, rt := range a.appList() {
+	for _, rt := range a.apps.list() {
 		rt.closeLogs()
 	}
 	if err := a.reg.Close(); err != nil {
@@ -319,11 +319,11 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		a.log.Error("new agent: workers not ready; giving up so that the previous agent keeps serving", "error", err)
 		return fmt.Errorf("upgrade abandoned: %w", err)
 	}
-	a.log.Info("agent ready", "apps", len(a.appList()), "startup", time.Since(t0).Round(time.Millisecond),
+	a.log.Info("agent ready", "apps", len(a.apps.list()), "startup", time.Since(t0).Round(time.Millisecond),
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
 	// Recorded before the previous agent may exit: if this one is killed
 	// from now on, the next one finds every worker (survivors.go).
-	if err := a.book.write(processes(a.appList())); err != nil {
+	if err := a.book.write(processes(a.apps.list())); err != nil {
 		a.log.Warn("record the running workers", "error", err)
 	}
 	a.retiring.Go(a.afterAdopting)
@@ -352,7 +352,7 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 			case syscall.SIGHUP:
 				a.upgrades.sighup()
 			case syscall.SIGUSR1:
-				a.rotateAll()
+				rotateAll(a.apps.list())
 			default:
 				a.log.Info("signal received, stopping", "signal", sig)
 				return errStopped
@@ -366,10 +366,11 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 }
 
-// stopApp stops rt's workers; in a new agent that has not taken over it
-// leaves those it adopted to the previous agent, which keeps them.
-func (a *Agent) stopApp(rt *appRT) {
-	if a.quiet.Load() {
+// stopApp stops rt's workers; in a new agent that has not taken over
+// (quiet) it leaves those it adopted to the previous agent, which keeps
+// them.
+func stopApp(rt *appRT, quiet bool) {
+	if quiet {
 		rt.sup.LetGo()
 		return
 	}
@@ -384,9 +385,9 @@ func (a *Agent) Shutdown() {
 	a.shutdownOnce.Do(func() { close(a.shutdown) })
 }
 
-// rotateAll reopens (rotates) every app's log files (SIGUSR1).
-func (a *Agent) rotateAll() {
-	for _, rt := range a.appList() {
+// rotateAll reopens (rotates) the log files of every app of rts (SIGUSR1).
+func rotateAll(rts []*appRT) {
+	for _, rt := range rts {
 		if err := rt.rotateLogs(); err != nil {
 			rt.log.Error("rotate logs", "error", err)
 		}

@@ -164,9 +164,6 @@ func (rt *appRT) rotateLogs() error {
 	return nil
 }
 
-// appList returns the apps sorted by name.
-func (a *Agent) appList() []*appRT { return a.apps.list() }
-
 // eachApp runs fn for every app in rts in parallel and waits.
 func eachApp(rts []*appRT, fn func(rt *appRT)) {
 	var wg sync.WaitGroup
@@ -185,17 +182,18 @@ func (a *Agent) AppConfig(app string) *config.App {
 	return rt.config()
 }
 
-// noSuchApp is the message for an app the agent does not run.
-func (a *Agent) noSuchApp(name string) string {
+// noSuchApp is the message for an app the agent does not run: apps are
+// those it runs, from the config at path.
+func noSuchApp(path string, apps []*appRT, name string) string {
 	var names []string
-	for _, rt := range a.appList() {
+	for _, rt := range apps {
 		names = append(names, rt.name)
 	}
 	known := strings.Join(names, ", ")
 	if known == "" {
 		known = "none"
 	}
-	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, a.path, known)
+	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, path, known)
 }
 
 // wants are the listeners app's config asks for.

@@ -259,7 +259,7 @@ func (a *Agent) rollbackTarget(req api.RollbackRequest) (string, error) {
 func (a *Agent) Releases(name string) (*api.Releases, error) {
 	rt := a.apps.get(name)
 	if rt == nil {
-		return nil, failWith(api.KindNotFound, "%s", a.noSuchApp(name))
+		return nil, failWith(api.KindNotFound, "%s", noSuchApp(a.path, a.apps.list(), name))
 	}
 	if !rt.config().Releases {
 		return nil, failWith(api.KindUsage,

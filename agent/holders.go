@@ -77,7 +77,7 @@ func (a *Agent) afterAdopting() {
 	parentGone := true
 	wg.Go(func() { parentGone = a.survivors.retireLater() })
 	wg.Go(func() {
-		eachApp(a.appList(), func(rt *appRT) { rt.sup.StopLeftovers() })
+		eachApp(a.apps.list(), func(rt *appRT) { rt.sup.StopLeftovers() })
 		a.takeover.retireOrphans()
 	})
 	wg.Wait()

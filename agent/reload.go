@@ -193,11 +193,11 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	// The new workers' lines are written with the new [logs] settings;
 	// a reload that does not go through puts the old ones back.
 	old := rt.config()
-	a.applyLogSettings(rt, old, app, emit)
+	applyLogSettings(rt, old, app, emit)
 	err = rt.sup.Reload(spec, strategy, emit)
 	rt.settle(app, lease, err)
 	if err != nil {
-		a.applyLogSettings(rt, app, old, discard)
+		applyLogSettings(rt, app, old, discard)
 	}
 	res := appResult(app.Name, err)
 	res.Release = spec.Release

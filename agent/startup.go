@@ -93,7 +93,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 				a.log.Warn("SIGHUP ignored: the agent is still starting its workers")
 				continue
 			case syscall.SIGUSR1:
-				a.rotateAll()
+				rotateAll(a.apps.list())
 				continue
 			}
 			a.log.Info("signal received during startup, stopping", "signal", sig)
@@ -101,7 +101,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 			a.log.Info("shutdown requested during startup")
 		case <-stop:
 		}
-		eachApp(a.appList(), a.stopApp)
+		eachApp(a.apps.list(), func(rt *appRT) { stopApp(rt, a.quiet.Load()) })
 		<-done
 		return true, nil
 	}
@@ -126,7 +126,7 @@ func (a *Agent) startApps() error {
 	// Apps removed or stopped: their workers go once this agent took over.
 	defer func() { a.takeover.orphans = handed }()
 	adopt := map[*appRT][]*workers.Handover{}
-	for _, rt := range a.appList() {
+	for _, rt := range a.apps.list() {
 		if a.state.get(rt.name).Stopped {
 			rt.log.Info("app stopped by `deployd stop`; not starting it")
 			rt.sup.Restore(pools[rt.name])
