@@ -281,29 +281,6 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 	}
 }
 
-// load loads the config and resolves the agent's own binary once: it is
-// the workers' shim and what a handoff starts. tableflip starts os.Args[0],
-// so that becomes the resolved path (after a swap /proc/self/exe names the
-// backup, minio/minio#14778).
-func load(opts Options) (*config.Config, string, error) {
-	cfg, err := config.Load(opts.ConfigPath)
-	if err != nil {
-		return nil, "", err
-	}
-	if opts.Socket != "" {
-		cfg.Agent.Socket = opts.Socket
-	}
-	shim, err := os.Executable()
-	if err == nil {
-		shim, err = filepath.EvalSymlinks(shim)
-	}
-	if err != nil {
-		return nil, "", fmt.Errorf("find own binary: %w", err)
-	}
-	os.Args[0] = shim
-	return cfg, shim, nil
-}
-
 // loop starts the apps, tells systemd and the previous agent that this one
 // serves, then handles signals until SIGTERM, SIGINT, `deployd shutdown` or
 // stop. A new agent whose workers do not get ready gives up, so that the
@@ -393,9 +370,6 @@ func rotateAll(rts []*appRT) {
 		}
 	}
 }
-
-// notify sends state to systemd when it gave us NOTIFY_SOCKET.
-func notify(state string) { _, _ = daemon.SdNotify(false, state) }
 
 // Socket returns the control socket path.
 func (a *Agent) Socket() string { return a.socket }

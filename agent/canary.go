@@ -77,7 +77,7 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, r roll, emit func(wo
 	version, prev := res.Version, res.Previous
 	c := canaryOf(rt.config(), r.canary, func(e workers.CanaryEnd) {
 		if e.Outcome == workers.CanaryPromoted {
-			a.rollServing(rt, version, prev, &api.DeployResult{})
+			rollServing(a.state, a.releases, rt, version, prev, &api.DeployResult{})
 			// The after hook runs once the release serves everywhere, in
 			// the promote's result when a promote asked (endCanary), and
 			// in the agent's and the app's logs.
@@ -85,7 +85,7 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, r roll, emit func(wo
 				a.hooks.queueAfter(rt, h)
 			}
 		} else {
-			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
+			rollFailed(a.state, rt, version, holdErr(e), &api.DeployResult{})
 		}
 		logCanaryEnd(rt, e)
 	})

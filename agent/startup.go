@@ -166,3 +166,26 @@ func (a *Agent) startApps() error {
 	})
 	return errors.Join(errs...)
 }
+
+// load loads the config and resolves the agent's own binary once: it is
+// the workers' shim and what a handoff starts. tableflip starts os.Args[0],
+// so that becomes the resolved path (after a swap /proc/self/exe names the
+// backup, minio/minio#14778).
+func load(opts Options) (*config.Config, string, error) {
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return nil, "", err
+	}
+	if opts.Socket != "" {
+		cfg.Agent.Socket = opts.Socket
+	}
+	shim, err := os.Executable()
+	if err == nil {
+		shim, err = filepath.EvalSymlinks(shim)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("find own binary: %w", err)
+	}
+	os.Args[0] = shim
+	return cfg, shim, nil
+}

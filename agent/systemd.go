@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/handoff"
@@ -144,3 +145,6 @@ func plural(n int, what string) string {
 	}
 	return fmt.Sprintf("%d %ss", n, what)
 }
+
+// notify sends state to systemd when it gave us NOTIFY_SOCKET.
+func notify(state string) { _, _ = daemon.SdNotify(false, state) }
