@@ -127,7 +127,7 @@ type request struct {
 	lines   []Line   // reqAppend
 	upto    int64    // reqAppend: the journal's done offset after the lines
 	rec     *Append  // reqResolve
-	found   chan bool
+	found   chan Found
 }
 
 // OpenSink opens (creating, with its directory) the file at o.Path and starts
@@ -261,17 +261,17 @@ func (s *Sink) appendJournaled(j *Journal, lines []Line, upto int64) {
 	}
 }
 
-// Resolve tells whether the append rec (recorded in a journal by an agent
-// that died before it marked it done) is in the log: false means it must
-// be written again. A write the dying agent left torn at the end of the
-// current file is cut off first.
-func (s *Sink) Resolve(rec *Append) bool {
-	r := request{kind: reqResolve, rec: rec, found: make(chan bool, 1)}
+// Resolve tells how much of the append rec (recorded in a journal by an
+// agent that died before it marked it done) is in the log: what is not
+// must be written again. A write the dying agent left torn at the end of
+// the current file is cut off first.
+func (s *Sink) Resolve(rec *Append) Found {
+	r := request{kind: reqResolve, rec: rec, found: make(chan Found, 1)}
 	select {
 	case s.reqs <- r:
 		return <-r.found
 	case <-s.done:
-		return false
+		return Found{}
 	}
 }
 
