@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
@@ -63,7 +64,14 @@ type journald struct {
 	id      string            // DEPLOYD_APPEND of the append being written
 	vars    map[string]string // reused for every entry
 	log     hclog.Logger
+	// progress, when set, gets the time of each entry sent (every
+	// progressEvery): the Sink's busySince (writer.setFile).
+	progress *atomic.Int64
 }
+
+// progressEvery is how many entries Write sends between two notes of its
+// progress.
+const progressEvery = 64
 
 // newJournaldConn is the conn of the journald Files a Sink opens; tests
 // replace it.
@@ -84,7 +92,7 @@ func newJournald(o Options) (File, error) {
 // Write sends one entry per frame of p. It returns how many bytes of p
 // were sent whole, and the first error.
 func (j *journald) Write(p []byte) (int, error) {
-	n := 0
+	n, sent := 0, 0
 	for len(p) > n {
 		end := bytes.IndexByte(p[n:], '\n')
 		if end < 0 {
@@ -94,6 +102,9 @@ func (j *journald) Write(p []byte) (int, error) {
 			return n, fmt.Errorf("logs: journald: %w", err)
 		}
 		n += end + 1
+		if sent++; sent%progressEvery == 0 && j.progress != nil {
+			j.progress.Store(time.Now().UnixNano())
+		}
 	}
 	j.sent += int64(n)
 	return n, nil

@@ -95,7 +95,7 @@ type Sink struct {
 	// for room rather than dropping; it drops at once when the last write
 	// failed or the writer has been stuck in a write for stallTimeout.
 	failing   atomic.Bool
-	busySince atomic.Int64                  // UnixNano when the current write started; 0: none
+	busySince atomic.Int64                  // UnixNano when the current write started or last moved on; 0: none
 	room      atomic.Pointer[chan struct{}] // closed (and replaced) when the writer took lines
 
 	mu     sync.RWMutex // Write holds it shared while it enqueues; Close exclusively
@@ -163,7 +163,8 @@ func OpenSink(o Options) (*Sink, error) {
 	}
 	room := make(chan struct{})
 	s.room.Store(&room)
-	w := &writer{s: s, f: f, log: o.Logger.With("path", o.Path), opts: o}
+	w := &writer{s: s, log: o.Logger.With("path", o.Path), opts: o}
+	w.setFile(f)
 	go w.run()
 	return s, nil
 }
@@ -219,7 +220,9 @@ func (s *Sink) Write(l Line) {
 	}
 }
 
-// stallTimeout is how long Write waits for room while the writer works.
+// stallTimeout is how long Write waits for room while the writer works,
+// and how long a write may go without moving on before it is taken for
+// stalled (the journal's write of a batch moves on an entry at a time).
 const stallTimeout = 500 * time.Millisecond
 
 func (s *Sink) stuck() bool {
