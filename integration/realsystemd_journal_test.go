@@ -148,6 +148,12 @@ target = "journal"
 	if r := a.CLI("logs", "web", "-n", "3"); r.Code != 0 || strings.Count(r.Stdout, "] line ") != 3 || !strings.Contains(r.Stdout, "[web ") {
 		t.Errorf("deployd logs web -n 3: exit %d, want the app's last 3 lines from the journal:\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
+	// The agent's own log, under systemd, is structured as the apps'
+	// entries are: what it said about web has DEPLOYD_APP=web.
+	if out, _ := sd.run("journalctl", "--no-pager", "-q", "-o", "json", "--output-fields=MESSAGE,PRIORITY",
+		"SYSLOG_IDENTIFIER=deployd", "DEPLOYD_APP=web"); !strings.Contains(out, `settled the dead agent's batch`) || !strings.Contains(out, `"PRIORITY":"6"`) {
+		t.Errorf("no structured entry of the agent's log about web (SYSLOG_IDENTIFIER=deployd DEPLOYD_APP=web):\n%s", tailOf(out, 5))
+	}
 	if j := sd.journal("deployd"); strings.Contains(j, "Suppressed") {
 		t.Errorf("journald dropped messages of the unit (rate limit):\n%s", tailOf(j, 20))
 	}
