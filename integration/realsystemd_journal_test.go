@@ -20,7 +20,8 @@ import (
 // Restart= starts the next one, which adopts the workers and settles what
 // the dead one was sending) and upgraded once (systemctl reload: a
 // handoff to a new agent). journalctl must then show each line exactly
-// once, with its fields.
+// once, with its fields, and the agent's own log as structured entries
+// (what it said about web has DEPLOYD_APP=web).
 //
 // Where no systemd can boot it skips, and under CI=true it fails
 // (bootSystemd). On a failure it logs, for each repeated line, which agent
