@@ -166,6 +166,7 @@ func TestErrors(t *testing.T) {
 		// logs
 		{"log format", web + "[apps.web.logs]\nformat = \"xml\"", 4, `apps.web.logs.format = "xml"`, `unknown log format; use "text", "raw", "json" or "pm2-json"`},
 		{"log target", web + "[apps.web.logs]\ntarget = \"syslog\"", 4, `apps.web.logs.target = "syslog"`, `unknown log target; use "files" (log_dir) or "journal"`},
+		{"log target both", web + "[apps.web.logs]\ntarget = \"both\"", 4, `apps.web.logs.target = "both"`, `not supported yet`},
 		// command, cwd, env
 		{"no command", "[apps.web]\ncwd = \"srv\"", 1, "apps.web.command", "missing: every app needs the program to run"},
 		{"empty command", "[apps.web]\ncommand = []", 2, "apps.web.command", "empty: name the program first"},
