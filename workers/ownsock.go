@@ -1,6 +1,8 @@
 package workers
 
 import (
+	"slices"
+
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/handoff"
@@ -55,15 +57,27 @@ func (w *Worker) ownSocket(d *bindtrap.Decision, log hclog.Logger) *ownBind {
 // placed makes the socket w's: a member until the supervisor puts it in
 // w's place of the steering map (at once when w is ready already: a bind
 // made again), and the first one of an auto listener turns its steering
-// on. Called from the trap's goroutine, which ends before w's members are
-// closed at its exit (finish).
+// on. It replaces (and closes the agent's copy of) a member of the same
+// group that w's binds got before and the map does not have yet: the
+// agent holds one socket per worker and listener however often an app
+// binds. Called from the trap's goroutine, which ends before w's members
+// are closed at its exit (finish).
 func (o *ownBind) placed() {
 	if o == nil {
 		return
 	}
+	var old []member
 	o.w.mu.Lock()
+	o.w.members = slices.DeleteFunc(o.w.members, func(m member) bool {
+		if m.group == o.m.group {
+			old = append(old, m)
+			return true
+		}
+		return false
+	})
 	o.w.members = append(o.w.members, o.m)
 	o.w.mu.Unlock()
+	closeMembers(old)
 	if o.anchor.SteerOnBind() {
 		o.log.Info("the worker bound its listen address itself: each worker gets a socket of its own from now on",
 			"listen", o.anchor.Network+" "+o.anchor.Address)
