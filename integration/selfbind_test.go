@@ -249,8 +249,10 @@ func TestSelfBindAcrossUpgradeAndAgentKill(t *testing.T) {
 	pids := PIDs(appOf(st, "web"))
 
 	upgradeBy(t, a, "cli")
-	a.WaitFor("ready after the upgrade", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	st = a.WaitFor("ready after the upgrade", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", instances) })
+	wantSocket(t, a, st, pids[1], "answered bind (before this agent; a socket of its own)")
 	rebind(t, a, pids[0])
+	wantSocket(t, a, a.Status(), pids[0], "answered bind (1 of 1 binds took the agent's socket; a socket of its own)")
 
 	pid, _ := agentPID(t, a)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
@@ -270,6 +272,19 @@ func TestSelfBindAcrossUpgradeAndAgentKill(t *testing.T) {
 		return st.Agent.PID != pid && AllReady(st, "web", instances)
 	})
 	waitRebound(t, a, pids[1])
+	// After a SIGKILL the steering program cannot be taken over: the next
+	// agent serves on a survivor's socket, shared, and says so.
+	wantSocket(t, a, a.Status(), pids[1], "answered bind (1 of 1 binds took the agent's socket; the shared socket)")
+}
+
+// wantSocket checks what status says of how worker pid got its socket.
+func wantSocket(t *testing.T, a *Agent, st *api.Status, pid int, want string) {
+	t.Helper()
+	for _, w := range appOf(st, "web").Workers {
+		if w.PID == pid && w.Socket != want {
+			t.Errorf("worker %d: socket %q, want %q\n%s", pid, w.Socket, want, a.Log())
+		}
+	}
 }
 
 // rebind makes worker pid bind its port once more and waits for the answer.
