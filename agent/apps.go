@@ -204,9 +204,13 @@ func (a *Agent) noSuchApp(name string) string {
 // wants are the listeners app's config asks for.
 func wants(app *config.App) []handoff.Want {
 	out := make([]handoff.Want, 0, len(app.Listen))
+	balance := app.Balance
+	if balance == handoff.BalanceAuto && !app.TrapsBind() {
+		balance = handoff.BalanceShared // auto steers once a bind is answered: none is
+	}
 	for _, l := range app.Listen {
 		out = append(out, handoff.Want{URL: l.URL, Network: l.Network, Address: l.Address, Name: l.Name,
-			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: app.Balance})
+			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: balance})
 	}
 	return out
 }

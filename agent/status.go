@@ -68,7 +68,7 @@ func appStatus(rt *appRT) api.App {
 	for _, q := range s.AcceptQueues {
 		app.AcceptQueues = append(app.AcceptQueues, api.AcceptQueue{Listen: q.Listen, Queued: q.Queued, Backlog: q.Backlog})
 	}
-	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
+	if want := rt.config().Balance; want != s.Balance && want != "auto" && len(app.Listen) > 0 {
 		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
 	}
 	for _, w := range s.Workers {

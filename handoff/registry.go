@@ -23,10 +23,11 @@ type Want struct {
 	// every one the spec leases (inherited ones too): accepted connections
 	// inherit it.
 	NoDelay bool
-	// Balance is BalanceShared ("" too), BalanceEven or BalanceSticky: with
-	// the last two each worker gets a socket of its own and the kernel
-	// steers (steer.go); where it cannot, the listener is shared and the
-	// registry's log says why.
+	// Balance is BalanceShared ("" too), BalanceEven, BalanceSticky or
+	// BalanceAuto: with even and sticky each worker gets a socket of its
+	// own and the kernel steers (steer.go), with auto once a worker bound
+	// the address itself (steerbind.go); where it cannot, the listener is
+	// shared and the registry's log says why.
 	Balance string
 }
 
@@ -123,10 +124,15 @@ func (r *Registry) getLocked(app string, w Want) (*Listener, error) {
 	}
 	l, err := r.adoptActivatedLocked(app, w)
 	if mode, ok := wantsSteering(w); ok && err == nil {
+		// The default auto is as good shared: what it lacks is noted only.
+		say := r.log.Warn
+		if w.Balance == BalanceAuto {
+			say = r.log.Info
+		}
 		if l != nil {
-			r.log.Warn("balance falls back to shared: the socket came from "+activatedFrom(l), "app", app, "listen", w.URL)
+			say("balance falls back to shared: the socket came from "+activatedFrom(l), "app", app, "listen", w.URL)
 		} else if l, err = openSteered(r.store, w, mode); err != nil {
-			r.log.Warn("balance falls back to shared: kernel steering is unavailable", "app", app, "listen", w.URL,
+			say("balance falls back to shared: kernel steering is unavailable", "app", app, "listen", w.URL,
 				"balance", w.Balance, "reason", err.Error())
 			var inUse *AddrInUseError
 			if errors.As(err, &inUse) {

@@ -295,7 +295,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		uid = int(spec.Credential.Uid)
 	}
 	w.pz, w.notify, w.onReady = newPauser(pending), c.notify, a.onReady
-	if len(steeredGroups(spec)) > 0 {
+	if steerable(spec) {
 		w.steerReady = a.steerReady
 	}
 	stopHealth := w.checkHealth(spec, c.healthAddr, a.healthFailed)

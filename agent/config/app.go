@@ -83,7 +83,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		ReadyTimeout:  30 * time.Second,
 		MinReady:      DefaultMinReady,
 		TCPNoDelay:    true,
-		Balance:       "shared",
+		Balance:       "auto",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
 		QuietTimeout:  5 * time.Second,
@@ -158,15 +158,15 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.boolean(raw.TCPNoDelay, k("tcp_nodelay"), &a.TCPNoDelay)
 	if s, ok := get[string](d, raw.Balance, k("balance")); ok {
 		switch s {
-		case "shared", "even", "sticky":
+		case "auto", "shared", "even", "sticky":
 			a.Balance = s
 		default:
 			d.fail(k("balance"), strconv.Quote(s), hint(nil,
-				`unknown balance; use "shared" (one socket all workers accept on), "even" (connections spread evenly) or "sticky" (a client IP stays on one worker)`))
+				`unknown balance; use "auto" (shared, until a worker binds the address itself: then even), "shared" (one socket all workers accept on), "even" (connections spread evenly) or "sticky" (a client IP stays on one worker)`))
 		}
 	}
 	d.integer(raw.Spares, k("spares"), &a.Spares, 0)
-	if a.Spares > 0 && a.Balance == "shared" {
+	if a.Spares > 0 && (a.Balance == "shared" || a.Balance == "auto") {
 		d.fail(k("spares"), strconv.Itoa(a.Spares), hint(nil,
 			`spares need balance = "even" or "sticky" (a shared socket cannot keep a worker out of the rotation); set balance or spares = 0`))
 	}

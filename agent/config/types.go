@@ -149,9 +149,11 @@ type App struct {
 	// TCPNoDelay sets TCP_NODELAY on the app's TCP listeners (accepted
 	// sockets inherit it); default true.
 	TCPNoDelay bool
-	// Balance is how new connections reach the workers: "shared" (the
-	// default: one listening socket all workers accept on), "even" or
-	// "sticky" (a socket per worker, steered by the kernel; docs/balance.md).
+	// Balance is how new connections reach the workers: "auto" (the
+	// default: "shared" until a worker binds the address itself, its bind
+	// answered; then "even"), "shared" (one listening socket all workers
+	// accept on), "even" or "sticky" (a socket per worker, steered by the
+	// kernel; docs/balance.md).
 	Balance string
 	// Spares are ready workers on top of Instances that get no connection
 	// until one takes a crashed worker's place (balance even or sticky).

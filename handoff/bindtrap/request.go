@@ -42,8 +42,8 @@ type Decision struct {
 	// Name says what Sock is, for status and the log.
 	Name string
 	// Placed, when set, is called once Sock is at the caller's fd (before
-	// the caller's bind returns).
-	Placed func()
+	// the caller's bind returns); Unused, when Sock could not be placed.
+	Placed, Unused func()
 }
 
 // Decide is the agent's policy: which bind gets which socket. It is called
