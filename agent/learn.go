@@ -48,7 +48,7 @@ func (a *Agent) learnBind(app *config.App, lease *handoff.Lease, r bindtrap.Requ
 		return bindtrap.Decision{Sock: l.Sock, Name: l.Name}
 	}
 	raw := askedURL(r.Addr)
-	addr, err := a.accepted(a.runningApps(), app.Name, raw)
+	addr, err := a.accepted(withApp(a.runningApps(), app), app.Name, raw)
 	if err != nil {
 		return bindtrap.Decision{Errno: refusalErrno(err), Refused: err.Error()}
 	}
@@ -215,6 +215,19 @@ func configApps(cfg *config.Config) []*config.App {
 	out := make([]*config.App, 0, len(cfg.AppNames))
 	for _, n := range cfg.AppNames {
 		out = append(out, cfg.Apps[n])
+	}
+	return out
+}
+
+// withApp is apps with app in place of the one of its name: the config
+// of the spec whose worker asks (a reload's, before it runs) decides its
+// own allow_ports, beside the other apps' running configs.
+func withApp(apps []*config.App, app *config.App) []*config.App {
+	out := []*config.App{app}
+	for _, c := range apps {
+		if c.Name != app.Name {
+			out = append(out, c)
+		}
 	}
 	return out
 }
