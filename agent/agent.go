@@ -74,6 +74,9 @@ type Agent struct {
 
 	apps       appSet
 	generation generations // each app's last spec generation (specFor)
+	// learnMu makes the decisions on addresses apps learn from their
+	// binds one at a time (learn.go).
+	learnMu sync.Mutex
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once

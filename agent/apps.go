@@ -55,12 +55,12 @@ func (rt *appRT) config() *config.App {
 	return rt.cfg
 }
 
-// bound returns the listeners of the app's running config.
-func (rt *appRT) bound() []handoff.Bound {
+// running returns the lease of the app's running config: its listeners,
+// and those it learned from its workers' binds.
+func (rt *appRT) running() *handoff.Lease {
 	rt.mu.Lock()
-	lease := rt.lease
-	rt.mu.Unlock()
-	return lease.Bound()
+	defer rt.mu.Unlock()
+	return rt.lease
 }
 
 // settle records the outcome of a reload to app (whose spec holds lease):
@@ -215,9 +215,10 @@ func wants(app *config.App) []handoff.Want {
 	return out
 }
 
-// newApp leases the app's listeners, opens its logs and builds its
-// supervisor. Nothing runs yet.
-func (a *Agent) newApp(app *config.App) (*appRT, error) {
+// newApp leases the app's listeners (and those it learned before, checked
+// against cfg: learn.go), opens its logs and builds its supervisor.
+// Nothing runs yet.
+func (a *Agent) newApp(cfg *config.Config, app *config.App) (*appRT, error) {
 	lease, err := a.reg.Acquire(app.Name, wants(app))
 	if err != nil {
 		return nil, err
@@ -238,7 +239,8 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 			return nil, fmt.Errorf("log file: %w", err)
 		}
 	}
-	spec, err := a.specFor(app, lease.Bound(), a.state.get(app.Name).Current)
+	a.restoreLearned(configApps(cfg), app, lease)
+	spec, err := a.specFor(app, lease, a.state.get(app.Name).Current)
 	if err != nil {
 		rt.closeLogs()
 		lease.Release()
@@ -253,9 +255,12 @@ func (a *Agent) newApp(app *config.App) (*appRT, error) {
 	return rt, nil
 }
 
-// specFor builds the workers.Spec of app's config, a new generation; for an
-// app that takes releases, of release rel ("" = none yet: no workers).
-func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*workers.Spec, error) {
+// specFor builds the workers.Spec of app's config, a new generation, with
+// the listeners of lease; for an app that takes releases, of release rel
+// ("" = none yet: no workers). An app with no listen list learns its
+// address from its workers' binds into lease (learn.go).
+func (a *Agent) specFor(app *config.App, lease *handoff.Lease, rel string) (*workers.Spec, error) {
+	ls := lease.Bound()
 	gen := a.generation.next(app.Name, func() int { return a.inheritedGeneration(app.Name) })
 	cred, err := credential(app)
 	if err != nil {
@@ -281,6 +286,9 @@ func (a *Agent) specFor(app *config.App, ls []handoff.Bound, rel string) (*worke
 		StopTimeout: app.StopTimeout, QuietTimeout: app.QuietTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
 		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
 		Health: healthPolicy(app.Health), BindTrap: app.TrapsBind(),
+	}
+	if app.DiscoversListen() {
+		spec.BindTrap, spec.BindPolicy = true, a.learnPolicy(app, lease)
 	}
 	if app.RecycleAt != "" {
 		sched, err := config.ParseRecycleAt(app.RecycleAt) // checked when the config was read

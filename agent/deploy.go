@@ -139,7 +139,7 @@ func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployR
 		res.Status = api.DeployUnchanged
 		return res
 	}
-	spec, err := a.specFor(rt.config(), rt.bound(), version)
+	spec, err := a.specFor(rt.config(), rt.running(), version)
 	switch {
 	case err != nil:
 	case r.canary > 0:
@@ -293,7 +293,7 @@ func (a *Agent) canaryFits(rt *appRT, n int) error {
 	if n == 0 {
 		return nil
 	}
-	spec, err := a.specFor(rt.config(), rt.bound(), a.state.get(rt.name).Current)
+	spec, err := a.specFor(rt.config(), rt.running(), a.state.get(rt.name).Current)
 	if err != nil {
 		return nil // rollTo reports it
 	}

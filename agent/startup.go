@@ -57,12 +57,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 	}
 	var rts []*appRT
 	for _, name := range cfg.AppNames {
-		// An app whose listener cannot be learned starts without one: its
-		// workers say why, as with a listen list that lacks its port.
-		if err := a.discoverListens(cfg, []string{name}, false); err != nil {
-			a.log.Error("listen not discovered", "app", name, "error", err)
-		}
-		rt, err := a.newApp(cfg.Apps[name])
+		rt, err := a.newApp(cfg, cfg.Apps[name])
 		if err != nil {
 			for _, rt := range rts {
 				rt.discard()

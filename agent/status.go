@@ -58,11 +58,10 @@ func appStatus(rt *appRT) api.App {
 		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Warnings: s.Warnings, Workers: []api.Worker{},
 		DroppedLogLines: droppedLogLines(rt), Canary: apiCanary(s.Canary), LastCanary: apiCanaryEnd(s.LastCanary)}
 	for _, l := range rt.config().Listen {
-		if l.Discovered {
-			app.Listen = append(app.Listen, l.URL+" (discovered)")
-		} else {
-			app.Listen = append(app.Listen, l.URL)
-		}
+		app.Listen = append(app.Listen, l.URL)
+	}
+	for _, b := range rt.running().Learned() { // learned from the workers' own binds (learn.go)
+		app.Listen = append(app.Listen, b.Name+" (discovered)")
 	}
 	app.Balance, app.Spares, app.Paused = s.Balance, s.Spares, apiPause(s.Paused)
 	for _, q := range s.AcceptQueues {

@@ -134,10 +134,23 @@ func (a *Agent) processes() map[string][]workers.Process {
 	out := map[string][]workers.Process{}
 	for _, rt := range a.appList() {
 		if ps := rt.sup.Processes(); len(ps) > 0 {
+			withLearned(ps, rt.running().Learned())
 			out[rt.name] = ps
 		}
 	}
 	return out
+}
+
+// withLearned adds to each process's listeners those its app learned from
+// its binds (learn.go): the workers hold them at fds of their own, and the
+// agent after a crash takes them back from one (survivorSockets) as it
+// takes the others.
+func withLearned(ps []workers.Process, learned []handoff.Bound) {
+	for i := range ps {
+		for _, b := range learned {
+			ps[i].Listen = append(ps[i].Listen, workers.Listen{Network: b.Network, Address: b.Address})
+		}
+	}
 }
 
 // writeRecord writes the record of what runs: apps.

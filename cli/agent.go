@@ -128,7 +128,7 @@ func configCommand() *cli.Command {
 					}
 					switch {
 					case a.DiscoversListen():
-						ls = []string{"discovered at start (where the app's own listen(port) asks; deployd binds it)"}
+						ls = []string{"discovered at its first bind (the address the app's own listen(port) binds, if the address policy allows it; deployd answers that bind with its socket)"}
 					case len(ls) == 0:
 						ls = []string{"none"}
 					}

@@ -88,6 +88,9 @@ func (w *Worker) startTrap(log hclog.Logger, spec *Spec, ls []handoff.Bound, pai
 		}
 		decide := func(r bindtrap.Request) bindtrap.Decision {
 			d := match(r)
+			if d.Errno != 0 && d.Refused != "" {
+				w.refuse(d.Refused)
+			}
 			if d.Sock != nil {
 				name := d.Name
 				own := w.ownSocket(&d, log) // a socket of its own (ownsock.go)
@@ -114,6 +117,21 @@ func (w *Worker) startTrap(log hclog.Logger, spec *Spec, ls []handoff.Bound, pai
 		t.notify, t.trap = notify, bindtrap.Serve(notify, decide, log.Named("bindtrap"))
 		t.mu.Unlock()
 	}()
+}
+
+// refuse records why the agent refused a bind of w, for status and for
+// the error that says why w was not ready.
+func (w *Worker) refuse(why string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refused, w.status = why, "bind refused: "+why
+}
+
+// refusal is why the agent refused a bind of w ("" for none).
+func (w *Worker) refusal() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.refused
 }
 
 // answer records that the listen named name was answered, and reports
@@ -250,6 +268,12 @@ func (trapSource) started(w *Worker, log hclog.Logger, st *sourceStart) {
 // socket of its own (ownsock.go).
 func (trapSource) adopt(a spawnArgs, h *Handover, w *Worker, _ *channels) {
 	dropStreams(h, nodeStream)
+	takeTrap(a, h, w)
+}
+
+// takeTrap answers the binds of an adopted worker with the notify fd
+// that crossed in h, if any.
+func takeTrap(a spawnArgs, h *Handover, w *Worker) {
 	f := h.files[trapStream]
 	if f == nil {
 		return

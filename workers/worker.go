@@ -81,8 +81,8 @@ type Worker struct {
 	mu        sync.Mutex
 	state     State
 	readyAt   time.Time
-	asked     *string // a discovery run's LISTEN= on the preload's channel (takeAsked)
-	status    string  // sd_notify STATUS=
+	refused   string // why the agent refused a bind of the worker (bindtrap.Decision.Refused)
+	status    string // sd_notify STATUS=
 	watchdog  time.Time
 	exitErr   error
 	exitState *os.ProcessState

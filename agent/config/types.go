@@ -88,9 +88,6 @@ type Listen struct {
 	Name string
 	// URL is the value as written in the file.
 	URL string
-	// Discovered: not in the file; the agent learned it from the app's
-	// own listen(port) (a Node.js app without a listen list).
-	Discovered bool
 }
 
 // Restart is the [apps.NAME.restart] crash-restart policy.
