@@ -83,7 +83,7 @@ func support(k Key) string {
 			"unified hierarchy (systemd.unified_cgroup_hierarchy=1)", k.Controller, err)
 	}
 	return fmt.Sprintf("%s needs the %s controller of cgroup v2, which the agent's cgroup does not offer (its "+
-		"cgroup.controllers; on a hybrid host it sits in cgroup v1, which has no equivalent); boot with "+
+		"cgroup.controllers; on a hybrid host it sits in cgroup v1, where deployd does not apply it); boot with "+
 		"systemd.unified_cgroup_hierarchy=1, or give the agent's service Delegate=yes", k.Name, k.Controller)
 }
 
