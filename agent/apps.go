@@ -284,7 +284,7 @@ func (a *Agent) specFor(app *config.App, lease *handoff.Lease, rel string) (*wor
 		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, MinReady: app.MinReady,
 		StopSignal:  app.StopSignal,
 		StopTimeout: app.StopTimeout, QuietTimeout: app.QuietTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
-		MaxMemory: app.MaxMemory, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
+		MaxMemory: app.MaxMemory, Limits: app.Limits, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
 		Health: healthPolicy(app.Health), BindTrap: app.TrapsBind(),
 	}
 	if app.DiscoversListen() {

@@ -53,6 +53,7 @@ type rawApp struct {
 	Health       toml.Primitive `toml:"health"`
 	Hooks        toml.Primitive `toml:"hooks"`
 	Environment  toml.Primitive `toml:"environment"`
+	rawLimits
 }
 
 type rawRestart struct {
@@ -193,6 +194,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	}
 	d.integer(raw.KeepReleases, k("keep_releases"), &a.KeepReleases, 2)
 	d.size(raw.MaxMemory, k("max_memory"), &a.MaxMemory, true)
+	d.limits(raw.rawLimits, k, a)
 	d.boolean(raw.CPUAffinity, k("cpu_affinity"), &a.CPUAffinity)
 	a.User = d.account(raw.User, k("user"), false)
 	a.Group = d.account(raw.Group, k("group"), true)

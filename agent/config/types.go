@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/internal/addrpolicy"
+	"github.com/deployd/deployd/internal/procunit"
 )
 
 // Config is a loaded, validated deployd.toml.
@@ -173,7 +174,9 @@ type App struct {
 	Releases     bool
 	KeepReleases int // default 5
 	// MaxMemory in bytes, 0 = no limit.
-	MaxMemory   int64
+	MaxMemory int64
+	// Limits are the workers' cgroup resource limits (limits.go).
+	Limits      procunit.Limits
 	CPUAffinity bool
 	User, Group string
 	// MembersMayRunAsRoot lets socket_group members change the app (deploy,
