@@ -74,6 +74,7 @@ type Agent struct {
 
 	apps  appSet
 	build *builder // an app's config into what runs it (builder.go); set by setup
+	learn *learner // the addresses apps without a listen list learn (learn.go); set by setup
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once

@@ -52,12 +52,12 @@ func (rt *appRT) config() *config.App {
 	return rt.cfg
 }
 
-// bound returns the listeners of the app's running config.
-func (rt *appRT) bound() []handoff.Bound {
+// running returns the lease of the app's running config: its listeners,
+// and those it learned from its workers' binds.
+func (rt *appRT) running() *handoff.Lease {
 	rt.mu.Lock()
-	lease := rt.lease
-	rt.mu.Unlock()
-	return lease.Bound()
+	defer rt.mu.Unlock()
+	return rt.lease
 }
 
 // settle records the outcome of a reload to app (whose spec holds lease):
@@ -199,9 +199,13 @@ func noSuchApp(path string, apps []*appRT, name string) string {
 // wants are the listeners app's config asks for.
 func wants(app *config.App) []handoff.Want {
 	out := make([]handoff.Want, 0, len(app.Listen))
+	balance := app.Balance
+	if balance == handoff.BalanceAuto && !app.TrapsBind() {
+		balance = handoff.BalanceShared // auto steers once a bind is answered: none is
+	}
 	for _, l := range app.Listen {
 		out = append(out, handoff.Want{URL: l.URL, Network: l.Network, Address: l.Address, Name: l.Name,
-			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: app.Balance})
+			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: balance})
 	}
 	return out
 }

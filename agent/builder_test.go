@@ -6,6 +6,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/release"
 	"github.com/deployd/deployd/workers"
 )
@@ -23,15 +24,15 @@ func TestBuilderGoesOnFromInheritedGenerations(t *testing.T) {
 	app := func(name string) *config.App {
 		return &config.App{Name: name, Command: []string{"/bin/sleep", "60"}, Instances: 2}
 	}
-	spec, err := b.spec(app("web"), nil, "")
+	spec, err := b.spec(app("web"), &handoff.Lease{}, "")
 	if err != nil || spec.Generation != 59 || spec.Instances != 2 || spec.Argv[0] != "/bin/sleep" {
 		t.Fatalf("web's first spec after a handover of generation 58: %+v, %v", spec, err)
 	}
 	b.inherit(nil) // the start adopted them
-	if spec, err := b.spec(app("api"), nil, ""); err != nil || spec.Generation != 1 {
+	if spec, err := b.spec(app("api"), &handoff.Lease{}, ""); err != nil || spec.Generation != 1 {
 		t.Errorf("an app added after the start: %+v, %v, want generation 1", spec, err)
 	}
-	if spec, err := b.spec(app("web"), nil, ""); err != nil || spec.Generation != 60 {
+	if spec, err := b.spec(app("web"), &handoff.Lease{}, ""); err != nil || spec.Generation != 60 {
 		t.Errorf("web's next spec: %+v, %v, want generation 60", spec, err)
 	}
 }

@@ -139,7 +139,7 @@ func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployR
 		res.Status = api.DeployUnchanged
 		return res
 	}
-	spec, err := a.build.spec(rt.config(), rt.bound(), version)
+	spec, err := a.build.spec(rt.config(), rt.running(), version)
 	switch {
 	case err != nil:
 	case r.canary > 0:
@@ -294,7 +294,7 @@ func canaryFits(b *builder, state *stateFile, rt *appRT, n int) error {
 	if n == 0 {
 		return nil
 	}
-	spec, err := b.spec(rt.config(), rt.bound(), state.get(rt.name).Current)
+	spec, err := b.spec(rt.config(), rt.running(), state.get(rt.name).Current)
 	if err != nil {
 		return nil // rollTo reports it
 	}

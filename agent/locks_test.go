@@ -33,7 +33,9 @@ var leafCalls = map[string]bool{
 // calls nothing but builtins. A method that holds a lock cannot call one
 // that takes it, so a re-entrant Lock (a deadlock no test of one method
 // sees) cannot be written. Operation locks (busy, upgrades.running) are TryLock
-// only and are held across an operation on purpose: they are not checked.
+// only and are held across an operation on purpose, as learner.deciding is
+// across one decision on an address (over leaf parts only): they are not
+// checked.
 func TestLocksAreTakenInLeavesOnly(t *testing.T) {
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")

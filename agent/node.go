@@ -24,7 +24,7 @@ func nodeSpec(stateDir string, app *config.App, argv []string, ls []handoff.Boun
 	spec := &nodejs.Spec{Preload: p, App: app.Name, ReportReady: app.Ready.Mode == config.ReadyNotify,
 		NodeIPC:    app.Ready.Mode == config.ReadyNodeIPC,
 		StopSignal: unix.SignalName(app.StopSignal), StopTimeout: app.StopTimeout,
-		Indirect: !nodejs.Direct(argv), Health: app.UsesHealthSocket()}
+		Indirect: !nodejs.Direct(argv), Health: app.UsesHealthSocket(), Learn: app.DiscoversListen()}
 	for _, l := range ls {
 		addr := l.Address
 		if l.Network != "unix" {

@@ -68,7 +68,7 @@ func (a *Agent) Stop(_ context.Context, app string, _ func(workers.Event)) (*api
 // Start starts the workers of a stopped app on its running config.
 func (a *Agent) Start(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
 	return a.runOp(app, "start", func(rt *appRT) error {
-		spec, err := a.build.spec(rt.config(), rt.bound(), a.state.get(rt.name).Current)
+		spec, err := a.build.spec(rt.config(), rt.running(), a.state.get(rt.name).Current)
 		if err == nil {
 			err = rt.sup.Restart(spec)
 		}

@@ -47,10 +47,6 @@ func (a *Agent) Reload(_ context.Context, req api.ReloadRequest, by Caller, emit
 			return nil, err
 		}
 	}
-	// After the privilege check: a discovery runs the app's code.
-	if err := a.build.discoverListens(cfg, p.names, true); err != nil {
-		return nil, failWith(api.KindRefused, "%w; nothing was changed", err)
-	}
 	configNotices(a.log, a.settings, cfg, emit)
 	added, results := a.buildApps(cfg, p.names)
 	taken, removed := a.apps.swap(added, p.gone)
@@ -129,7 +125,7 @@ func (a *Agent) buildApps(cfg *config.Config, names []string) ([]*appRT, map[str
 		if a.apps.get(n) != nil {
 			continue
 		}
-		rt, err := a.build.app(cfg.Apps[n])
+		rt, err := a.build.app(cfg, cfg.Apps[n])
 		if err != nil {
 			results[n] = appResult(n, err)
 			continue
@@ -183,7 +179,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	if err != nil {
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
-	spec, err := a.build.spec(app, lease.Bound(), a.state.get(app.Name).Current)
+	spec, err := a.build.spec(app, lease, a.state.get(app.Name).Current)
 	if err != nil {
 		lease.Release()
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
@@ -198,6 +194,9 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	applyLogSettings(rt, old, app, emit)
 	err = rt.sup.Reload(spec, strategy, emit)
 	rt.settle(app, lease, err)
+	if app.DiscoversListen() {
+		a.learn.sync(app.Name, rt.running())
+	}
 	if err != nil {
 		applyLogSettings(rt, app, old, discard)
 	}

@@ -31,8 +31,10 @@ func (a *Agent) setup(cfg *config.Config) error {
 	if a.state, err = loadState(cfg.Agent.StateDir); err != nil {
 		return err
 	}
+	a.learn = &learner{log: a.log, state: a.state, settings: a.settings,
+		apps: func() []*config.App { return appConfigs(a.apps.list()) }}
 	a.build = &builder{log: a.log, shim: a.shim, stateDir: cfg.Agent.StateDir, logDir: cfg.Agent.LogDir, reg: a.reg,
-		releases: a.releases, state: a.state, book: a.book}
+		releases: a.releases, state: a.state, book: a.book, learn: a.learn}
 	if removed, err := a.releases.RemoveLeftovers(); err != nil { // of deploys cut short
 		a.log.Warn("remove staging folders of installs cut short", "error", err)
 	} else if len(removed) > 0 {
@@ -58,12 +60,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 	}
 	var rts []*appRT
 	for _, name := range cfg.AppNames {
-		// An app whose listener cannot be learned starts without one: its
-		// workers say why, as with a listen list that lacks its port.
-		if err := a.build.discoverListens(cfg, []string{name}, false); err != nil {
-			a.log.Error("listen not discovered", "app", name, "error", err)
-		}
-		rt, err := a.build.app(cfg.Apps[name])
+		rt, err := a.build.app(cfg, cfg.Apps[name])
 		if err != nil {
 			for _, rt := range rts {
 				rt.discard()

@@ -25,9 +25,27 @@ type AppState struct {
 	// Instances overrides the config's count when > 0 (deployd scale).
 	Instances int  `json:"instances,omitempty"`
 	Stopped   bool `json:"stopped,omitempty"` // deployd stop
-	// Listen is where an app without a listen list listens, as its
-	// last discovery run found (a Node.js app's own listen(port)).
-	Listen string `json:"listen,omitempty"`
+	// Learned are the addresses an app without a listen list serves, as
+	// its workers' own binds asked for them (learn.go); Listen is the
+	// first of them, as agents before Learned read it.
+	Learned []string `json:"learned,omitempty"`
+	Listen  string   `json:"listen,omitempty"`
+}
+
+// learnedOf returns the addresses st says its app learned.
+func learnedOf(st AppState) []string {
+	if len(st.Learned) == 0 && st.Listen != "" {
+		return []string{st.Listen} // written by an agent before Learned
+	}
+	return st.Learned
+}
+
+// setLearned makes st name addrs as its app's learned addresses.
+func setLearned(st *AppState, addrs []string) {
+	st.Learned, st.Listen = addrs, ""
+	if len(addrs) > 0 {
+		st.Listen = addrs[0]
+	}
 }
 
 // stateFile is state_dir/state.json. Safe for concurrent use; every change

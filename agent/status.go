@@ -58,17 +58,16 @@ func appStatus(rt *appRT) api.App {
 		Restarts: s.Restarts, LastExit: s.LastExit, LastLines: s.LastLines, Warnings: s.Warnings, Workers: []api.Worker{},
 		DroppedLogLines: droppedLogLines(rt), Canary: apiCanary(s.Canary), LastCanary: apiCanaryEnd(s.LastCanary)}
 	for _, l := range rt.config().Listen {
-		if l.Discovered {
-			app.Listen = append(app.Listen, l.URL+" (discovered)")
-		} else {
-			app.Listen = append(app.Listen, l.URL)
-		}
+		app.Listen = append(app.Listen, l.URL)
+	}
+	for _, b := range rt.running().Learned() { // learned from the workers' own binds (learn.go)
+		app.Listen = append(app.Listen, b.Name+" (discovered)")
 	}
 	app.Balance, app.Spares, app.Paused = s.Balance, s.Spares, apiPause(s.Paused)
 	for _, q := range s.AcceptQueues {
 		app.AcceptQueues = append(app.AcceptQueues, api.AcceptQueue{Listen: q.Listen, Queued: q.Queued, Backlog: q.Backlog})
 	}
-	if want := rt.config().Balance; want != s.Balance && len(app.Listen) > 0 {
+	if want := rt.config().Balance; want != s.Balance && want != "auto" && len(app.Listen) > 0 {
 		app.Warnings = append(app.Warnings, fmt.Sprintf("balance %q asked, %q in effect (the agent log says why)", want, s.Balance))
 	}
 	for _, w := range s.Workers {

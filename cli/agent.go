@@ -17,6 +17,7 @@ import (
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/agent/control"
+	"github.com/deployd/deployd/workers/logs"
 )
 
 var logFlags = []cli.Flag{
@@ -35,8 +36,14 @@ func newLogger(c *cli.Context) (hclog.Logger, error) {
 	if format != "text" && format != "json" {
 		return nil, fail(ExitUsage, "--log-format %q: use text or json", format)
 	}
+	out := c.App.ErrWriter
+	// Under systemd, with stderr the journal's: one structured entry per
+	// line (docs/logs.md), written as JSON for the journal writer to read.
+	if w, ok := logs.JournalLogOutput(out); ok && format == "text" {
+		out, format = w, "json"
+	}
 	return hclog.New(&hclog.LoggerOptions{
-		Name: "deployd", Level: level, JSONFormat: format == "json", Output: c.App.ErrWriter,
+		Name: "deployd", Level: level, JSONFormat: format == "json", Output: out,
 		TimeFormat: "2006-01-02T15:04:05.000Z07:00",
 	}), nil
 }
@@ -121,7 +128,7 @@ func configCommand() *cli.Command {
 					}
 					switch {
 					case a.DiscoversListen():
-						ls = []string{"discovered at start (where the app's own listen(port) asks; deployd binds it)"}
+						ls = []string{"discovered at its first bind (the address the app's own listen(port) binds, if the address policy allows it; deployd answers that bind with its socket)"}
 					case len(ls) == 0:
 						ls = []string{"none"}
 					}

@@ -100,14 +100,10 @@ func rollbackCommand() *cli.Command {
 	}
 }
 
-type deployCall func(context.Context, *api.Client, func(api.Event)) (*api.DeployResult, error)
-
-func runDeploy(c *cli.Context, verb string, call deployCall) error {
-	cx, cancel := opContext(c)
-	defer cancel()
-	enc := json.NewEncoder(c.App.Writer)
-	res, err := call(cx, client(c), eventPrinter(c, enc))
-	if err := opError(c, verb, err); err != nil {
+// runDeploy runs a deploy or a rollback, printing progress and its outcome.
+func runDeploy(c *cli.Context, verb string, call opCall[*api.DeployResult]) error {
+	res, enc, err := callOp(c, verb, call)
+	if err != nil {
 		return err
 	}
 	if c.Bool("json") {

@@ -24,8 +24,14 @@ const allApps = "all"
 
 // agentConfig is the config of the agent on the socket (the file it says it
 // runs), or, when no agent answers, the file -c, $DEPLOYD_CONFIG or
-// ./deployd.toml names. cfg is nil when that file does not load.
+// ./deployd.toml names. cfg is nil when that file does not load. One
+// command reads it once (one status call, one load), however many app
+// arguments it maps: it is kept in the App's Metadata, which lives as long
+// as one run of the CLI (Main).
 func agentConfig(c *cli.Context) (cfg *config.Config, path string) {
+	if m, ok := c.App.Metadata[agentConfigKey].(agentConfigRead); ok {
+		return m.cfg, m.path
+	}
 	path = config.Find(c.String("config"))
 	cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
 	st, err := client(c).Status(cx, "")
@@ -33,11 +39,22 @@ func agentConfig(c *cli.Context) (cfg *config.Config, path string) {
 	if err == nil && st.Agent.Config != "" {
 		path = st.Agent.Config
 	}
-	cfg, err = config.Load(path)
-	if err != nil {
-		return nil, path
+	if cfg, err = config.Load(path); err != nil {
+		cfg = nil
+	}
+	if c.App.Metadata != nil {
+		c.App.Metadata[agentConfigKey] = agentConfigRead{cfg, path}
 	}
 	return cfg, path
+}
+
+// agentConfigKey keeps agentConfig's reading in the App's Metadata.
+const agentConfigKey = "agent config"
+
+// agentConfigRead is one reading of agentConfig.
+type agentConfigRead struct {
+	cfg  *config.Config
+	path string
 }
 
 // appArg maps an app argument as PM2 users type it onto an app's name: an

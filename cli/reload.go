@@ -98,15 +98,25 @@ func restartCommand() *cli.Command {
 	}
 }
 
-type streamCall func(context.Context, *api.Client, func(api.Event)) (*api.Result, error)
+// opCall is one streamed call to the agent: it reports progress to on and
+// returns the operation's result (R: *api.Result, *api.DeployResult).
+type opCall[R any] func(context.Context, *api.Client, func(api.Event)) (R, error)
 
-// runStream runs a streamed operation, printing progress and a summary.
-func runStream(c *cli.Context, verb string, call streamCall) error {
+// callOp runs a streamed operation within --timeout, printing its progress
+// (eventPrinter); it returns the result, and the encoder its --json output
+// goes on, or the error a user reads (opError).
+func callOp[R any](c *cli.Context, verb string, call opCall[R]) (R, *json.Encoder, error) {
 	cx, cancel := opContext(c)
 	defer cancel()
 	enc := json.NewEncoder(c.App.Writer)
 	res, err := call(cx, client(c), eventPrinter(c, enc))
-	if err := opError(c, verb, err); err != nil {
+	return res, enc, opError(c, verb, err)
+}
+
+// runStream runs a streamed operation, printing progress and a summary.
+func runStream(c *cli.Context, verb string, call opCall[*api.Result]) error {
+	res, enc, err := callOp(c, verb, call)
+	if err != nil {
 		return err
 	}
 	if c.Bool("json") {

@@ -23,10 +23,11 @@ type Want struct {
 	// every one the spec leases (inherited ones too): accepted connections
 	// inherit it.
 	NoDelay bool
-	// Balance is BalanceShared ("" too), BalanceEven or BalanceSticky: with
-	// the last two each worker gets a socket of its own and the kernel
-	// steers (steer.go); where it cannot, the listener is shared and the
-	// registry's log says why.
+	// Balance is BalanceShared ("" too), BalanceEven, BalanceSticky or
+	// BalanceAuto: with even and sticky each worker gets a socket of its
+	// own and the kernel steers (steer.go), with auto once a worker bound
+	// the address itself (steerbind.go); where it cannot, the listener is
+	// shared and the registry's log says why.
 	Balance string
 }
 
@@ -65,6 +66,10 @@ type Lease struct {
 	r     *Registry
 	bound []Bound
 	once  sync.Once
+	// learned are the listeners Learn added, guarded by r.mu; released
+	// is set by Release (under r.mu too): a later Learn is refused.
+	learned  []Bound
+	released bool
 }
 
 // Bound returns the listeners with the names this lease's spec gives them,
@@ -79,10 +84,58 @@ func (l *Lease) Release() {
 	l.once.Do(func() {
 		l.r.mu.Lock()
 		defer l.r.mu.Unlock()
-		for _, b := range l.bound {
+		for _, b := range append(l.bound, l.learned...) {
 			l.r.releaseLocked(b.Key())
 		}
+		l.learned, l.released = nil, true
 	})
+}
+
+// ErrLeaseReleased is what Learn returns on a released lease.
+var ErrLeaseReleased = errors.New("handoff: the lease was released")
+
+// Learn adds the listener of w to the lease, beside the ones it was
+// acquired with (not in Bound: a spec's workers do not inherit it), as
+// Acquire gets one: the registry's open socket for the address (another
+// spec's, which then stays open while this lease holds it too), else a
+// previous agent's, else a new one. It is the socket of an address an
+// app's own bind asked for, which the agent answers that bind with. A
+// listener the lease has already is returned as it is. Safe for
+// concurrent use.
+func (l *Lease) Learn(app string, w Want) (Bound, error) {
+	l.r.mu.Lock()
+	defer l.r.mu.Unlock()
+	if l.released {
+		return Bound{}, ErrLeaseReleased
+	}
+	key := Key(w.Network, w.Address)
+	for _, b := range l.learned {
+		if b.Key() == key {
+			return b, nil
+		}
+	}
+	ln, err := l.r.getLocked(app, w)
+	if err != nil {
+		var inUse *AddrInUseError
+		if errors.As(err, &inUse) {
+			inUse.URL = w.URL
+			return Bound{}, err
+		}
+		return Bound{}, fmt.Errorf("listen %s: %w", w.URL, err)
+	}
+	b := Bound{Listener: ln, Name: w.Name}
+	l.learned = append(l.learned, b)
+	return b, nil
+}
+
+// Learned returns the listeners Learn added, in the order learned.
+func (l *Lease) Learned() []Bound {
+	if l == nil {
+		return nil
+	}
+	l.r.mu.Lock()
+	defer l.r.mu.Unlock()
+	return slices.Clone(l.learned)
 }
 
 // Acquire leases the listeners of wants: the registry's open one for an
@@ -123,10 +176,15 @@ func (r *Registry) getLocked(app string, w Want) (*Listener, error) {
 	}
 	l, err := r.adoptActivatedLocked(app, w)
 	if mode, ok := wantsSteering(w); ok && err == nil {
+		// The default auto is as good shared: what it lacks is noted only.
+		say := r.log.Warn
+		if w.Balance == BalanceAuto {
+			say = r.log.Info
+		}
 		if l != nil {
-			r.log.Warn("balance falls back to shared: the socket came from "+activatedFrom(l), "app", app, "listen", w.URL)
+			say("balance falls back to shared: the socket came from "+activatedFrom(l), "app", app, "listen", w.URL)
 		} else if l, err = openSteered(r.store, w, mode); err != nil {
-			r.log.Warn("balance falls back to shared: kernel steering is unavailable", "app", app, "listen", w.URL,
+			say("balance falls back to shared: kernel steering is unavailable", "app", app, "listen", w.URL,
 				"balance", w.Balance, "reason", err.Error())
 			var inUse *AddrInUseError
 			if errors.As(err, &inUse) {

@@ -225,3 +225,45 @@ func TestAcceptQueue(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A learned listener is shared with the lease of another spec that learned
+// the same address, outside Bound, and closes when the last lease holding
+// it is released; a released lease learns nothing more.
+func TestLeaseLearnSharesAndReleases(t *testing.T) {
+	r := NewRegistry(nil, nil, nil)
+	defer r.Close()
+	addr := freeAddr(t)
+	a, err := r.Acquire("web", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.Acquire("web", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, err := a.Learn("web", want(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := a.Learn("web", want(addr)); err != nil || again.Listener != la.Listener {
+		t.Errorf("learned again: %v, %v; want the same listener", again, err)
+	}
+	lb, err := b.Learn("web", want(addr))
+	if err != nil || lb.Listener != la.Listener {
+		t.Fatalf("the second lease learned %v, %v; want the first's socket", lb, err)
+	}
+	if len(a.Bound()) != 0 || len(a.Learned()) != 1 || r.leases("tcp", addr) != 2 {
+		t.Errorf("Bound %v, Learned %v, leases %d; want none, one, 2", a.Bound(), a.Learned(), r.leases("tcp", addr))
+	}
+	a.Release()
+	if !listening(addr) {
+		t.Fatal("the socket closed while a lease holds it")
+	}
+	if _, err := a.Learn("web", want(freeAddr(t))); !errors.Is(err, ErrLeaseReleased) {
+		t.Errorf("Learn on a released lease: %v, want ErrLeaseReleased", err)
+	}
+	b.Release()
+	if listening(addr) {
+		t.Error("the socket listens after its last lease went")
+	}
+}

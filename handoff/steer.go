@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -15,6 +16,9 @@ const (
 	BalanceShared = "shared"
 	BalanceEven   = "even"
 	BalanceSticky = "sticky"
+	// BalanceAuto is shared until a worker binds the address itself (its
+	// bind answered, handoff/bindtrap), then even (steerbind.go).
+	BalanceAuto = "auto"
 )
 
 // steerKey names the steering program of the listener of key across a
@@ -29,19 +33,30 @@ type Steered struct {
 	prog *os.File
 	// nonblocking and noDelay are what each member socket gets.
 	nonblocking, noDelay bool
+	// onBind marks a BalanceAuto listener (steerbind.go): its steering is
+	// in effect once on is set, and until then its socket is shared.
+	onBind bool
+	on     atomic.Bool
 }
 
 // Steered returns the listener's steering, nil for a shared listener (the
-// workers share the socket itself).
-func (l *Listener) Steered() *Steered { return l.steered }
+// workers share the socket itself), which an auto listener is until a
+// worker bound its address.
+func (l *Listener) Steered() *Steered {
+	if s := l.steered; s != nil && (!s.onBind || s.on.Load()) {
+		return s
+	}
+	return nil
+}
 
 // Balance says how the listener spreads connections: "shared" or the
 // steering mode.
 func (l *Listener) Balance() string {
-	if l.steered == nil {
+	st := l.Steered()
+	if st == nil {
 		return BalanceShared
 	}
-	m, err := l.steered.Group.Mode()
+	m, err := st.Group.Mode()
 	if err != nil {
 		return BalanceShared
 	}
@@ -50,7 +65,9 @@ func (l *Listener) Balance() string {
 
 // Member opens a socket of the listener's reuseport group for one worker,
 // in the mode and with the TCP_NODELAY setting of the spec that leased it.
-// It takes no connection until its worker is put in a slot.
+// It takes no connection until its worker is put in a slot. An auto
+// listener gives one before its steering is in effect too: for the bind
+// that turns it on (SteerOnBind).
 func (l *Listener) Member() (*Listener, error) {
 	if l.steered == nil {
 		return nil, errors.New("handoff: Member of a shared listener")
@@ -94,17 +111,21 @@ func wantsSteering(w Want) (steer.Mode, bool) {
 		return steer.Even, true
 	case BalanceSticky:
 		return steer.Sticky, true
+	case BalanceAuto:
+		return steer.Even, true
 	}
 	return steer.Even, false
 }
 
 // openSteered opens (or takes over from the previous agent) the anchor of
-// a steered listener and its program. With a nil listener and an error,
-// the caller falls back to a shared socket and says why; a non-nil
+// a steered listener and its program; an auto listener's anchor listens
+// until its steering is on (steerbind.go). With a nil listener and an
+// error, the caller falls back to a shared socket and says why; a non-nil
 // listener with an error is the previous agent's shared socket, kept as
 // it is.
 func openSteered(store Store, w Want, mode steer.Mode) (*Listener, error) {
 	key := Key(w.Network, w.Address)
+	auto := w.Balance == BalanceAuto
 	var inherited, prog *os.File
 	if store != nil {
 		var err error
@@ -122,7 +143,7 @@ func openSteered(store Store, w Want, mode steer.Mode) (*Listener, error) {
 				"steering starts once the socket is opened anew (remove the app, reload, add it again)")
 		}
 		g, err := steer.FromFile(prog)
-		if err == nil {
+		if err == nil && !auto {
 			err = g.SetMode(mode)
 		}
 		if err != nil {
@@ -136,7 +157,10 @@ func openSteered(store Store, w Want, mode steer.Mode) (*Listener, error) {
 			}
 			return l, err
 		}
-		l.steered = &Steered{Group: g, nonblocking: w.Nonblocking, noDelay: w.NoDelay}
+		l.steered = &Steered{Group: g, nonblocking: w.Nonblocking, noDelay: w.NoDelay, onBind: auto}
+		// An auto listener's socket stopped listening when a bind turned
+		// its steering on: the kernel's fact, across any number of agents.
+		l.steered.on.Store(auto && !acceptsConnections(l.fd))
 		return l, nil
 	}
 	g, err := steer.New(mode)
@@ -153,7 +177,13 @@ func openSteered(store Store, w Want, mode steer.Mode) (*Listener, error) {
 		return nil, err
 	}
 	l := &Listener{Network: w.Network, Address: w.Address, file: f, fd: f.Fd(),
-		steered: &Steered{Group: g, nonblocking: w.Nonblocking, noDelay: w.NoDelay}}
+		steered: &Steered{Group: g, nonblocking: w.Nonblocking, noDelay: w.NoDelay, onBind: auto}}
+	if auto {
+		if err := l.listenShared(w.Nonblocking); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
 	if store != nil {
 		pf, err := g.File()
 		if err == nil {

@@ -34,6 +34,17 @@ func TestPoolServesOnePortWithDistinctWorkers(t *testing.T) {
 			t.Errorf("worker pid %d never answered on the shared port (seen %v)", pid, seen)
 		}
 	}
+	// An app that takes fd 3 keeps the one shared socket under the default
+	// balance (auto): only a bind of its own would give it a socket each.
+	app := appOf(a.Status(), "web")
+	if app.Balance != "shared" {
+		t.Errorf("balance %q, want shared for an app that takes fd 3", app.Balance)
+	}
+	for _, w := range app.Workers {
+		if !strings.HasPrefix(w.Socket, "inherited fd") {
+			t.Errorf("worker %d: socket %q, want inherited fd", w.PID, w.Socket)
+		}
+	}
 }
 
 func TestReadinessModes(t *testing.T) {

@@ -37,7 +37,7 @@ func TestNodeClusterAppWithoutListen(t *testing.T) {
 	if got := appOf(a.Status(), "web").Listen; len(got) != 1 || got[0] != want {
 		t.Errorf("status listen = %q, want [%q]", got, want)
 	}
-	if r := a.CLIWithin(time.Minute, "config", "check"); r.Code != 0 || !strings.Contains(r.Stdout, "listen discovered at start") {
+	if r := a.CLIWithin(time.Minute, "config", "check"); r.Code != 0 || !strings.Contains(r.Stdout, "listen discovered at its first bind") {
 		t.Errorf("config check: exit %d, want the listen said to be discovered\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 

@@ -118,6 +118,35 @@ func requireGone(t *testing.T, what string, pids []int) {
 	}
 }
 
+// listenerOf is the socket a daemon serves on (its fd 3), as
+// /proc/PID/fd names it ("socket:[INODE]").
+func listenerOf(t *testing.T, daemon int) string {
+	t.Helper()
+	link, err := os.Readlink("/proc/" + strconv.Itoa(daemon) + "/fd/3")
+	if err != nil || !strings.HasPrefix(link, "socket:[") {
+		t.Fatalf("the listener of daemon %d: %q, %v", daemon, link, err)
+	}
+	return link
+}
+
+// requireReleased fails if one of pids still holds sock: an operation
+// that returned was to leave none of them accepting. One that let go of
+// it may still be on its way out (a loaded machine takes its time to end
+// a process after its files are closed): requireGone checks it later.
+func requireReleased(t *testing.T, what string, pids []int, sock string) {
+	t.Helper()
+	for _, p := range pids {
+		dir := "/proc/" + strconv.Itoa(p) + "/fd/"
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if link, _ := os.Readlink(dir + e.Name()); link == sock && Alive(p) {
+				t.Errorf("%s: process %d (a setsid child of an old worker) still holds the app's listener %s at fd %s",
+					what, p, sock, e.Name())
+			}
+		}
+	}
+}
+
 // requireOnly runs a bounded load of new connections on port and fails
 // if any response comes from a release other than ver (its workers or
 // their daemons).
@@ -182,25 +211,29 @@ func sweepModes(t *testing.T, f func(t *testing.T, env []string, mode string)) {
 
 // reloadSweeps reloads web from the workers old (their setsid children in
 // d1) to release ver (children in d2): when the reload returns, the old
-// daemons that held the listener are gone and only ver answers; once the
-// old workers have drained, nothing of them is left, and the log names
-// each sleep as swept.
+// daemons that held the listener hold it no more and only ver answers;
+// once the old workers have drained, nothing of them is left, and the log
+// names each sleep as swept.
 func reloadSweeps(t *testing.T, a *Agent, port int, old []int, d1, d2, ver, mode string) {
 	t.Helper()
 	daemons, sleeps, _ := leftPIDs(t, d1, 2)
+	sock := listenerOf(t, daemons[0])
 	a.WriteConfig(daemonApp(port, 2, ver, d2))
 	if r := a.CLIWithin(time.Minute, "reload", "web"); r.Code != 0 {
 		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
 	}
-	requireGone(t, "when the reload returned", daemons)
+	requireReleased(t, "when the reload returned", daemons, sock)
 	res := requireOnly(t, a, port, ver)
+	if t.Failed() {
+		t.Logf("the agent's log:\n%s", a.Log())
+	}
 	for _, p := range old {
 		waitExited(t, p, 20*time.Second)
 	}
 	requireGone(t, "the old workers' drain (20s)", old)
-	requireGone(t, "once the old workers exited", sleeps)
+	requireGone(t, "once the old workers exited", append(slices.Clone(sleeps), daemons...))
 	n, longest := swept(t, a, mode)
-	t.Logf("%s: reload: the daemons were stopped before it returned, then %d processes swept (the longest %s "+
+	t.Logf("%s: reload: the daemons let go of the listener before it returned, then %d processes swept (the longest %s "+
 		"after its worker's exit); a load after it: %s", mode, n, longest, res)
 	for _, p := range sleeps {
 		if !strings.Contains(a.Log(), "pid="+strconv.Itoa(p)+" command=\"sleep 3600\"") {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,10 +31,15 @@ type workerTrap struct {
 	trap     *bindtrap.Trap // nil until received
 	closed   bool
 	answered map[string]bool // listen names answered at least once
+	shared   bool            // the last answer placed a socket every worker shares
+	// ownBefore: adopted holding a socket of its own that an earlier
+	// agent's answer gave it.
+	ownBefore bool
 }
 
 // trapListens are the sockets a worker's binds are answered with: its own
-// in a steered pool (ls from workerListeners), else the shared ones. TCP
+// in a steered pool (ls from workerListeners), else the listeners' (for
+// which a bind gets a socket of its own where it can: ownsock.go). TCP
 // only, each with its real port (a configured port 0 has one now).
 func trapListens(ls []handoff.Bound) []bindtrap.Listen {
 	var out []bindtrap.Listen
@@ -82,9 +88,16 @@ func (w *Worker) startTrap(log hclog.Logger, spec *Spec, ls []handoff.Bound, pai
 		}
 		decide := func(r bindtrap.Request) bindtrap.Decision {
 			d := match(r)
+			if d.Errno != 0 && d.Refused != "" {
+				w.refuse(d.Refused)
+			}
 			if d.Sock != nil {
 				name := d.Name
+				own := w.ownSocket(&d, log) // a socket of its own (ownsock.go)
+				shared := slices.ContainsFunc(spec.Listeners, func(b handoff.Bound) bool { return b.Listener == d.Sock })
 				d.Placed = func() {
+					own.placed()
+					t.placedShared(shared)
 					if t.answer(name) && spec.Ready.Mode == ReadyBind {
 						// The socket is the app's now; the connections
 						// that queue before its accept are served once
@@ -106,6 +119,21 @@ func (w *Worker) startTrap(log hclog.Logger, spec *Spec, ls []handoff.Bound, pai
 	}()
 }
 
+// refuse records why the agent refused a bind of w, for status and for
+// the error that says why w was not ready.
+func (w *Worker) refuse(why string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refused, w.status = why, "bind refused: "+why
+}
+
+// refusal is why the agent refused a bind of w ("" for none).
+func (w *Worker) refusal() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.refused
+}
+
 // answer records that the listen named name was answered, and reports
 // whether every listen has been.
 func (t *workerTrap) answer(name string) bool {
@@ -118,6 +146,21 @@ func (t *workerTrap) answer(name string) bool {
 		}
 	}
 	return true
+}
+
+// placedShared records whether the last answer placed a shared socket
+// (else the worker's own), for status.
+func (t *workerTrap) placedShared(shared bool) {
+	t.mu.Lock()
+	t.shared = shared
+	t.mu.Unlock()
+}
+
+// adoptedOwn records that the adopted worker holds a socket of its own.
+func (t *workerTrap) adoptedOwn() {
+	t.mu.Lock()
+	t.ownBefore = true
+	t.mu.Unlock()
 }
 
 // file is the agent's copy of the notify fd for a handoff (the sender's
@@ -146,10 +189,17 @@ func (t *workerTrap) describe() string {
 	for _, c := range ans {
 		n += c
 	}
+	if n == 0 && t.ownBefore {
+		return "answered bind (before this agent; a socket of its own)"
+	}
 	if n == 0 {
 		return fmt.Sprintf("inherited fd (bind trap: none of %d binds named a listen)", seen)
 	}
-	return fmt.Sprintf("answered bind (%d of %d binds took the agent's socket)", n, seen)
+	whose := "a socket of its own"
+	if t.shared {
+		whose = "the shared socket"
+	}
+	return fmt.Sprintf("answered bind (%d of %d binds took the agent's socket; %s)", n, seen, whose)
 }
 
 // close stops answering once the worker exited. Safe on nil and twice.
@@ -214,10 +264,16 @@ func (trapSource) started(w *Worker, log hclog.Logger, st *sourceStart) {
 }
 
 // adopt answers the binds of an adopted worker with the notify fd that
-// crossed with it. In a steered pool its binds get the shared sockets: an
-// adopted worker bound long ago.
+// crossed with it. In a steered pool a bind it makes from now on gets a
+// socket of its own (ownsock.go).
 func (trapSource) adopt(a spawnArgs, h *Handover, w *Worker, _ *channels) {
 	dropStreams(h, nodeStream)
+	takeTrap(a, h, w)
+}
+
+// takeTrap answers the binds of an adopted worker with the notify fd
+// that crossed in h, if any.
+func takeTrap(a spawnArgs, h *Handover, w *Worker) {
 	f := h.files[trapStream]
 	if f == nil {
 		return
@@ -230,6 +286,9 @@ func (trapSource) adopt(a spawnArgs, h *Handover, w *Worker, _ *channels) {
 		return
 	}
 	w.startTrap(a.log, w.spec, w.spec.Listeners, nil, nf)
+	if holdsOwnListener(h.PID, w.spec) {
+		w.trap.adoptedOwn()
+	}
 }
 
 // handoff gives the notify fd to the next agent, which answers the

@@ -94,6 +94,25 @@ type NotReadyError struct {
 }
 
 func (e *NotReadyError) Error() string {
+	msg := e.reason()
+	w := e.Worker
+	if why := w.refusal(); why != "" {
+		// The agent refused its bind: nothing was bound for it, and the
+		// workers it was to replace serve on.
+		return msg + "; its bind was refused, nothing was changed: " + why
+	}
+	w.mu.Lock()
+	status := w.status
+	w.mu.Unlock()
+	if w.spec != nil && w.spec.Node != nil && w.spec.Node.Learn && strings.HasPrefix(status, "left listen(") {
+		// Its only listen was on a unix socket: the app's own, which root
+		// serves only where the config names it (internal/addrpolicy).
+		return msg + "; deployd " + status + "; nothing was changed"
+	}
+	return msg
+}
+
+func (e *NotReadyError) reason() string {
 	w := e.Worker
 	if e.AfterReady {
 		return fmt.Sprintf("worker %d (pid %d) exited %s after it was ready, before the operation ended: %s",
@@ -143,6 +162,10 @@ func nodeReadyHint(spec *Spec) string {
 	addrs := make([]string, 0, len(spec.Listeners))
 	for _, l := range spec.Listeners {
 		addrs = append(addrs, l.Key())
+	}
+	if len(addrs) == 0 && spec.Node.Learn {
+		return "; the Node.js app has no listen list and never listened on a TCP port (deployd learns its address from its own bind): " +
+			"a server must listen (server.listen(PORT)), or root sets listen = [\"tcp://0.0.0.0:PORT\"] in its table"
 	}
 	if len(addrs) == 0 {
 		return "; the Node.js app never called listen(): a server must listen (server.listen(PORT)) for deployd to know it is ready"

@@ -67,7 +67,7 @@ const nodeStream = "node"
 type nodeSource struct{}
 
 func (nodeSource) prepare(st *sourceStart) error {
-	if !st.spec.Node.Indirect && st.cpu < 0 {
+	if !st.spec.Node.Indirect && st.cpu < 0 && !st.spec.BindTrap { // the trap needs the shim
 		st.exec, st.direct = handoff.ExecPath(st.spec.Argv[0], st.env, st.spec.Dir)
 	}
 	own := *st.spec
@@ -84,10 +84,15 @@ func (nodeSource) started(*Worker, hclog.Logger, *sourceStart) {}
 
 // adopt takes the preload's channel that crossed with h; serve reads it.
 func (nodeSource) adopt(_ spawnArgs, h *Handover, _ *Worker, c *channels) {
+	takeNode(h, c)
+	dropStreams(h, trapStream)
+}
+
+// takeNode takes the preload's channel that crossed with h into c.
+func takeNode(h *Handover, c *channels) {
 	if f := h.files[nodeStream]; f != nil {
 		c.node = &nodeStart{ch: &handoff.IPCChannel{Parent: f}}
 	}
-	dropStreams(h, trapStream)
 }
 
 // reader reads the preload's channel (readNode) while the worker runs.
@@ -118,8 +123,8 @@ func (nodeSource) describe(w *Worker) string {
 }
 
 // readNode reads the preload's sd_notify lines until EOF (every process
-// holding the channel has exited). LISTEN= counts in a discovery run only
-// (takeAsked). READY=1 counts only with ready = "notify",
+// holding the channel has exited). LISTEN= counts for nothing: the address
+// an app's code asks for is its bind's (bindtrap.go). READY=1 counts only with ready = "notify",
 // NODE_IPC=ready only with ready = "node-ipc"; ERROR= becomes the worker's
 // status, which status shows.
 //
@@ -137,10 +142,7 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy, log
 			if ready.Mode == ReadyNodeIPC && msg["NODE_IPC"] == "ready" {
 				msg["READY"] = "1" // process.send('ready') of an app under npm start
 			}
-			if v, ok := msg["LISTEN"]; ok {
-				w.takeAsked(v)
-				delete(msg, "LISTEN")
-			}
+			delete(msg, "LISTEN") // an old preload's; the address comes from the bind now
 			if v, ok := msg["LOG"]; ok {
 				if log != nil {
 					log.Info("node preload", "worker", w.Slot, "pid", w.PID, "did", v)
@@ -153,21 +155,6 @@ func (w *Worker) readNode(wg *sync.WaitGroup, f *os.File, ready ReadyPolicy, log
 			w.onNotify(msg)
 		})
 	})
-}
-
-// takeAsked records the first LISTEN= of a discovery run: the address the
-// app's code asked for, which the agent's address policy then judges.
-// Only the preload's channel carries it; a LISTEN= of a worker that is not
-// a discovery run is dropped.
-func (w *Worker) takeAsked(v string) {
-	if w.spec == nil || w.spec.Node == nil || !w.spec.Node.Discover {
-		return
-	}
-	w.mu.Lock()
-	if w.asked == nil {
-		w.asked = &v
-	}
-	w.mu.Unlock()
 }
 
 // nodeWorker is the node side of a Worker. Through `npm start` the main
@@ -220,8 +207,9 @@ func closeFiles(fs ...*os.File) {
 
 // ignoreListen drops a LISTEN= that came on NOTIFY_SOCKET, which any
 // process of the worker can reach: the address an app's code asks for is
-// taken from the preload's channel only, and is judged even then. It
-// warns once (*warned).
+// the one its own bind names, seen by the agent through the bind trap,
+// and is judged even then (never a line a process writes). It warns once
+// (*warned).
 func ignoreListen(log hclog.Logger, msg handoff.Notify, pid int, warned *bool) {
 	v, ok := msg["LISTEN"]
 	if !ok {
@@ -230,7 +218,7 @@ func ignoreListen(log hclog.Logger, msg handoff.Notify, pid int, warned *bool) {
 	delete(msg, "LISTEN")
 	if log != nil && !*warned {
 		*warned = true
-		log.Warn("ignored LISTEN= on NOTIFY_SOCKET: only the Node.js preload's own channel reports an address",
+		log.Warn("ignored LISTEN= on NOTIFY_SOCKET: the address an app listens on is the one its own bind asks for",
 			"pid", pid, "listen", v)
 	}
 }

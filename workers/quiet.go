@@ -12,7 +12,7 @@ import (
 )
 
 // Quiet before the stop signal. A worker that accepts on a socket of its
-// own (a steered pool; a bind the agent answers, once there is one) holds
+// own (a steered pool; a bind the agent answered, ownsock.go) holds
 // connections nobody else can take: those the kernel queued for it and
 // those it accepted but has not read. Most servers' own shutdown (uvicorn,
 // Go's http.Server.Shutdown) closes both, and the client of each gets a

@@ -22,6 +22,9 @@ import (
 //   - trapSource (bindtrap.go): the exec shim installs a seccomp filter
 //     and the agent answers the app's own bind of a configured address by
 //     placing its socket at the app's fd.
+//   - nodeTrapSource (nodetrap.go): both, for a Node.js app with no listen
+//     list: the preload drains and reports, the trap answers the bind of
+//     the address the agent's policy allows (learned from that bind).
 //
 // sourceOf picks one per spec. Which sockets a worker gets (the shared
 // ones, or its own in a steered pool: workerListeners) and whether it
@@ -78,6 +81,8 @@ type sourceHandoff interface {
 // comes before the bind trap.
 func sourceOf(spec *Spec) listenerSource {
 	switch {
+	case spec != nil && spec.Node != nil && spec.BindTrap:
+		return nodeTrapSource{}
 	case spec != nil && spec.Node != nil:
 		return nodeSource{}
 	case spec != nil && spec.BindTrap:

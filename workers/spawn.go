@@ -229,6 +229,11 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 		extra = append(extra, c.ipc.Child)
 	}
 	unit := procunit.New("worker-" + a.app + "-" + strconv.Itoa(slot))
+	for _, un := range unit.Limit(spec.Limits) {
+		if a.log != nil {
+			a.log.Warn("a limit cannot apply to the worker", "worker", slot, "key", un.Key, "why", un.Why)
+		}
+	}
 	env := workerEnv(a, spec, slot, c)
 	env = append(env, unit.Env())
 	argv := spec.Argv
@@ -239,6 +244,7 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	st := &sourceStart{spec: spec, ls: ls, c: c, cpu: cpu, env: env}
 	if err := src.prepare(st); err != nil {
 		unit.DropCgroup() // made for a start that does not happen
+		unit.DropV1()
 		c.closeChild()
 		c.closeParent()
 		closeMembers(members)
@@ -267,11 +273,15 @@ func spawn(a spawnArgs, spec *Spec, slot int) (*Worker, error) {
 	if err != nil {
 		st.closeAgent()
 		unit.DropCgroup()
+		unit.DropV1()
 		c.closeParent()
 		closeMembers(members)
 		return nil, err
 	}
 	unit.Started(proc.Pid)
+	if err := unit.Join(proc.Pid); err != nil && a.log != nil {
+		a.log.Warn("the worker could not join its cgroup v1 limits", "worker", slot, "pid", proc.Pid, "error", err)
+	}
 	// The shim execs the app in the same process: its start time stays.
 	// (A Direct start has no shim: node is the process from the start.)
 	start, _ := handoff.StartTime(proc.Pid)
@@ -295,7 +305,7 @@ func (w *Worker) serve(a spawnArgs, spec *Spec, c *channels, pending map[string]
 		uid = int(spec.Credential.Uid)
 	}
 	w.pz, w.notify, w.onReady = newPauser(pending), c.notify, a.onReady
-	if len(steeredGroups(spec)) > 0 {
+	if steerable(spec) {
 		w.steerReady = a.steerReady
 	}
 	stopHealth := w.checkHealth(spec, c.healthAddr, a.healthFailed)

@@ -23,6 +23,7 @@ import (
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/handoff/bindtrap"
 	"github.com/deployd/deployd/internal/procstat"
+	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers/jsdrain"
 	"github.com/deployd/deployd/workers/logs"
 	"github.com/deployd/deployd/workers/nodejs"
@@ -63,6 +64,8 @@ type Spec struct {
 	// a worker over the limit or silent for longer, the graceful way.
 	MaxMemory int64
 	Watchdog  time.Duration
+	// Limits are each worker's cgroup limits, set before it starts.
+	Limits procunit.Limits
 	// RecycleAfter, when > 0, makes the supervisor replace each worker
 	// the same way once it has run that long plus its jitter (recycleDue).
 	RecycleAfter time.Duration

@@ -33,6 +33,7 @@ func (w *Worker) sweep(log hclog.Logger, exitedAt time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
 	left := w.killEscaped(ctx)
 	u := w.groupUnit()
+	w.kernelSaid(log, u.Stats())
 	more, err := u.End(ctx)
 	cancel()
 	left = append(left, more...)

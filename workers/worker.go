@@ -56,6 +56,9 @@ type Worker struct {
 	// session included (sweep.go); nil for a worker adopted from an agent
 	// that recorded none: its process group alone is killed.
 	unit *procunit.Unit
+	// kernel is what the kernel counted in its cgroups when it exited
+	// (kernel.go); guarded by mu.
+	kernel procunit.Stats
 	// escaped are the processes of its unit that got its stop signal
 	// (stopEscaped); guarded by mu.
 	escaped []escapee
@@ -81,8 +84,8 @@ type Worker struct {
 	mu        sync.Mutex
 	state     State
 	readyAt   time.Time
-	asked     *string // a discovery run's LISTEN= on the preload's channel (takeAsked)
-	status    string  // sd_notify STATUS=
+	refused   string // why the agent refused a bind of the worker (bindtrap.Decision.Refused)
+	status    string // sd_notify STATUS=
 	watchdog  time.Time
 	exitErr   error
 	exitState *os.ProcessState
@@ -185,7 +188,7 @@ func (w *Worker) ExitDescription() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.exitState != nil {
-		return w.exitState.String()
+		return w.exitState.String() + w.kernelNote()
 	}
 	if w.exitErr != nil {
 		return w.exitErr.Error()

@@ -44,7 +44,8 @@ type App struct {
 	Listen    []string `json:"listen"`
 	// Balance is how new connections reach the workers: "shared", "even"
 	// or "sticky" (docs/balance.md); "shared" where the kernel could not
-	// steer, with a warning.
+	// steer, with a warning. The default "auto" shows as "shared" until
+	// a worker bound the address itself, then "even".
 	Balance string `json:"balance"`
 	// Spares is how many of Workers are spares (not counted in Instances).
 	Spares int `json:"spares,omitempty"`
@@ -131,8 +132,10 @@ type Worker struct {
 	Connections *int `json:"connections,omitempty"`
 	// Socket says how the worker got its listeners: "inherited fd" (fd 3
 	// and up), "node preload" (deployd's Node.js preload mapped its
-	// listen) or "answered bind (N of M binds took the agent's socket)"
-	// (its own bind was answered with the agent's socket).
+	// listen) or "answered bind (N of M binds took the agent's socket; a
+	// socket of its own)" (its own bind was answered with a socket of the
+	// agent's: its own in a steered pool, else "the shared socket"; "before
+	// this agent" for an adopted worker that holds its own).
 	Socket string `json:"socket,omitempty"`
 }
 

@@ -53,6 +53,7 @@ type rawApp struct {
 	Health       toml.Primitive `toml:"health"`
 	Hooks        toml.Primitive `toml:"hooks"`
 	Environment  toml.Primitive `toml:"environment"`
+	rawLimits
 }
 
 type rawRestart struct {
@@ -83,7 +84,7 @@ func defaultApp(name, dir string, cpus int) *App {
 		ReadyTimeout:  30 * time.Second,
 		MinReady:      DefaultMinReady,
 		TCPNoDelay:    true,
-		Balance:       "shared",
+		Balance:       "auto",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
 		QuietTimeout:  5 * time.Second,
@@ -158,15 +159,15 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	d.boolean(raw.TCPNoDelay, k("tcp_nodelay"), &a.TCPNoDelay)
 	if s, ok := get[string](d, raw.Balance, k("balance")); ok {
 		switch s {
-		case "shared", "even", "sticky":
+		case "auto", "shared", "even", "sticky":
 			a.Balance = s
 		default:
 			d.fail(k("balance"), strconv.Quote(s), hint(nil,
-				`unknown balance; use "shared" (one socket all workers accept on), "even" (connections spread evenly) or "sticky" (a client IP stays on one worker)`))
+				`unknown balance; use "auto" (shared, until a worker binds the address itself: then even), "shared" (one socket all workers accept on), "even" (connections spread evenly) or "sticky" (a client IP stays on one worker)`))
 		}
 	}
 	d.integer(raw.Spares, k("spares"), &a.Spares, 0)
-	if a.Spares > 0 && a.Balance == "shared" {
+	if a.Spares > 0 && (a.Balance == "shared" || a.Balance == "auto") {
 		d.fail(k("spares"), strconv.Itoa(a.Spares), hint(nil,
 			`spares need balance = "even" or "sticky" (a shared socket cannot keep a worker out of the rotation); set balance or spares = 0`))
 	}
@@ -193,6 +194,7 @@ func (d *decoder) app(name string, p toml.Primitive) *App {
 	}
 	d.integer(raw.KeepReleases, k("keep_releases"), &a.KeepReleases, 2)
 	d.size(raw.MaxMemory, k("max_memory"), &a.MaxMemory, true)
+	d.limits(raw.rawLimits, k, a)
 	d.boolean(raw.CPUAffinity, k("cpu_affinity"), &a.CPUAffinity)
 	a.User = d.account(raw.User, k("user"), false)
 	a.Group = d.account(raw.Group, k("group"), true)
@@ -259,6 +261,8 @@ func (d *decoder) logs(p toml.Primitive, key []string, l *Logs) {
 		switch t {
 		case "files", "journal":
 			l.Target = t
+		case "both":
+			d.fail(k("target"), strconv.Quote(t), hint(nil, `not supported yet (each line exactly once into two places takes a record per place); use "journal" and read it with journalctl, or "files" and let journald's forwarding or a shipper read them`))
 		default:
 			d.fail(k("target"), strconv.Quote(t), hint(nil, `unknown log target; use "files" (log_dir) or "journal" (the systemd journal)`))
 		}

@@ -69,6 +69,16 @@ func (a *App) SocketSource() string {
 func (d *decoder) bindDefaults(apps map[string]*App, names []string) {
 	for _, n := range names {
 		a := apps[n]
+		if a.DiscoversListen() {
+			// Its address is learned from its workers' own binds, which
+			// the kernel must let the agent answer.
+			if err := d.env.bindTrap(); err != nil {
+				d.fail([]string{"apps", n, "listen"}, "none", hint(err,
+					"the app has no listen list, and its address cannot be learned from its own bind: %v; "+
+						"set listen = [\"tcp://0.0.0.0:PORT\"] in [apps.%s]", err, n))
+			}
+			continue
+		}
 		if !a.TrapsBind() {
 			continue
 		}

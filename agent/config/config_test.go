@@ -80,7 +80,7 @@ func TestErrors(t *testing.T) {
 		{"type int", web + `max_surge = "2"`, 3, `apps.web.max_surge = "2"`, "found a string, want an integer; write it like max_surge = 1"},
 		{"type bool", web + `nonblocking = "yes"`, 3, "apps.web.nonblocking", "want true or false"},
 		{"tcp_nodelay type", web + `tcp_nodelay = "off"`, 3, "apps.web.tcp_nodelay", "want true or false"},
-		{"balance unknown", web + `balance = "round-robin"`, 3, `apps.web.balance = "round-robin"`, `unknown balance; use "shared"`},
+		{"balance unknown", web + `balance = "round-robin"`, 3, `apps.web.balance = "round-robin"`, `unknown balance; use "auto"`},
 		{"spares without steering", web + `spares = 1`, 3, "apps.web.spares = 1", `spares need balance = "even" or "sticky"`},
 		{"min_ready negative", web + `min_ready = "-1s"`, 3, "apps.web.min_ready", "must not be negative"},
 		{"min_ready unit", web + `min_ready = "2"`, 3, "apps.web.min_ready", "not a duration"},
@@ -166,6 +166,7 @@ func TestErrors(t *testing.T) {
 		// logs
 		{"log format", web + "[apps.web.logs]\nformat = \"xml\"", 4, `apps.web.logs.format = "xml"`, `unknown log format; use "text", "raw", "json" or "pm2-json"`},
 		{"log target", web + "[apps.web.logs]\ntarget = \"syslog\"", 4, `apps.web.logs.target = "syslog"`, `unknown log target; use "files" (log_dir) or "journal"`},
+		{"log target both", web + "[apps.web.logs]\ntarget = \"both\"", 4, `apps.web.logs.target = "both"`, `not supported yet`},
 		// command, cwd, env
 		{"no command", "[apps.web]\ncwd = \"srv\"", 1, "apps.web.command", "missing: every app needs the program to run"},
 		{"empty command", "[apps.web]\ncommand = []", 2, "apps.web.command", "empty: name the program first"},
@@ -285,7 +286,7 @@ func TestDefaults(t *testing.T) {
 		ReadyTimeout:  30 * time.Second,
 		MinReady:      time.Second,
 		TCPNoDelay:    true,
-		Balance:       "shared",
+		Balance:       "auto",
 		StopSignal:    syscall.SIGTERM,
 		StopTimeout:   30 * time.Second,
 		QuietTimeout:  5 * time.Second,

@@ -155,7 +155,7 @@ func formatValue(v any) string {
 var (
 	topKeys     = []string{"agent", "apps"}
 	agentKeys   = []string{"socket", "socket_group", "state_dir", "log_dir", "upgrade_timeout", "pid_file", "metrics", "upgrade_public_key", "stream_timeout"}
-	appKeys     = []string{"command", "cwd", "env", "env_file", "env_inherit", "instances", "listen", "bind", "allow_ports", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "balance", "spares", "stop_signal", "stop_timeout", "quiet_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "cpu_affinity", "user", "group", "members_may_run_as_root", "watchdog", "recycle_after", "recycle_at", "logs", "node", "health", "hooks", "environment"}
+	appKeys     = []string{"command", "cwd", "env", "env_file", "env_inherit", "instances", "listen", "bind", "allow_ports", "ready", "ready_timeout", "min_ready", "tcp_nodelay", "balance", "spares", "stop_signal", "stop_timeout", "quiet_timeout", "nonblocking", "max_surge", "canary_timeout", "canary_action", "restart", "releases", "keep_releases", "max_memory", "memory_high", "memory_max", "cpu_weight", "cpu_max", "pids_max", "io_weight", "cpu_affinity", "user", "group", "members_may_run_as_root", "watchdog", "recycle_after", "recycle_at", "logs", "node", "health", "hooks", "environment"}
 	restartKeys = []string{"backoff", "max_backoff", "max_restarts", "window", "stable_after"}
 	logsKeys    = []string{"format", "max_size", "max_files", "max_age", "compress", "target"}
 	healthKeys  = []string{"path", "interval", "timeout", "failures"}
@@ -172,7 +172,8 @@ var examples = map[string]string{
 	"instances": `"max"`, "listen": `["tcp://0.0.0.0:8080"]`, "ready": `"notify"`, "bind": `"inherit"`,
 	"ready_timeout": `"30s"`, "min_ready": `"1s"`, "tcp_nodelay": `false`, "balance": `"sticky"`, "spares": `1`, "stop_signal": `"SIGTERM"`, "stop_timeout": `"30s"`, "quiet_timeout": `"5s"`,
 	"nonblocking": `false`, "max_surge": `1`, "canary_timeout": `"15m"`, "canary_action": `"promote"`, "releases": `true`, "keep_releases": `5`,
-	"max_memory": `"512MiB"`, "cpu_affinity": `true`, "user": `"www-data"`,
+	"max_memory": `"512MiB"`, "memory_high": `"400MiB"`, "memory_max": `"512MiB"`, "cpu_weight": `100`,
+	"cpu_max": `"150%"`, "pids_max": `512`, "io_weight": `100`, "cpu_affinity": `true`, "user": `"www-data"`,
 	"group": `"www-data"`, "members_may_run_as_root": `false`, "watchdog": `"10s"`, "recycle_after": `"24h"`, "recycle_at": `"0 4 * * *"`, "node": `"off"`, "environment": `"production" (with an [apps.NAME.env_production] table)`,
 	"backoff": `"100ms"`, "max_backoff": `"10s"`, "max_restarts": `10`,
 	"window": `"1m"`, "stable_after": `"1s"`,

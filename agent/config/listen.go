@@ -52,15 +52,6 @@ func (d *decoder) allowPorts(p toml.Primitive, key []string, app *App) {
 	app.AllowPorts = ports
 }
 
-// DiscoveredListen is the listener of an app without a listen list, at the
-// address its own listen(port) asked for (raw: tcp://HOST:PORT or
-// unix:///PATH).
-func DiscoveredListen(raw, app string) (Listen, error) {
-	l, err := parseListen(raw, app, "/")
-	l.Discovered = true
-	return l, err
-}
-
 // parseListen parses one listen URL; dir resolves relative unix paths.
 func parseListen(raw, app, dir string) (Listen, error) {
 	rest, name, hasName := strings.Cut(raw, "#")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/internal/addrpolicy"
+	"github.com/deployd/deployd/internal/procunit"
 )
 
 // Config is a loaded, validated deployd.toml.
@@ -88,9 +89,6 @@ type Listen struct {
 	Name string
 	// URL is the value as written in the file.
 	URL string
-	// Discovered: not in the file; the agent learned it from the app's
-	// own listen(port) (a Node.js app without a listen list).
-	Discovered bool
 }
 
 // Restart is the [apps.NAME.restart] crash-restart policy.
@@ -149,9 +147,11 @@ type App struct {
 	// TCPNoDelay sets TCP_NODELAY on the app's TCP listeners (accepted
 	// sockets inherit it); default true.
 	TCPNoDelay bool
-	// Balance is how new connections reach the workers: "shared" (the
-	// default: one listening socket all workers accept on), "even" or
-	// "sticky" (a socket per worker, steered by the kernel; docs/balance.md).
+	// Balance is how new connections reach the workers: "auto" (the
+	// default: "shared" until a worker binds the address itself, its bind
+	// answered; then "even"), "shared" (one listening socket all workers
+	// accept on), "even" or "sticky" (a socket per worker, steered by the
+	// kernel; docs/balance.md).
 	Balance string
 	// Spares are ready workers on top of Instances that get no connection
 	// until one takes a crashed worker's place (balance even or sticky).
@@ -174,7 +174,9 @@ type App struct {
 	Releases     bool
 	KeepReleases int // default 5
 	// MaxMemory in bytes, 0 = no limit.
-	MaxMemory   int64
+	MaxMemory int64
+	// Limits are the workers' cgroup resource limits (limits.go).
+	Limits      procunit.Limits
 	CPUAffinity bool
 	User, Group string
 	// MembersMayRunAsRoot lets socket_group members change the app (deploy,

@@ -25,6 +25,7 @@ func warnings(c *Config, file string, kl keyLines) []Problem {
 	}
 	out = append(out, canaryWarnings(c, file, kl)...)
 	out = append(out, rootAppWarnings(c, file, kl)...)
+	out = append(out, limitWarnings(c, file, kl)...)
 	return out
 }
 

@@ -39,11 +39,14 @@ type Decision struct {
 	// Errno, with Sock nil, refuses the bind with this error; 0 lets the
 	// bind run as the app asked, as its own uid.
 	Errno syscall.Errno
+	// Refused, with Errno, says for a person why and what to do: the
+	// worker's status and its not-ready error carry it.
+	Refused string
 	// Name says what Sock is, for status and the log.
 	Name string
 	// Placed, when set, is called once Sock is at the caller's fd (before
-	// the caller's bind returns).
-	Placed func()
+	// the caller's bind returns); Unused, when Sock could not be placed.
+	Placed, Unused func()
 }
 
 // Decide is the agent's policy: which bind gets which socket. It is called

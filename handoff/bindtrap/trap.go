@@ -128,6 +128,9 @@ func (t *Trap) handle(raw syscall.RawConn, n *notif) {
 	case d.Sock != nil:
 		if err := t.place(raw, n.ID, req, d.Sock); err != nil {
 			t.log.Warn("bind not answered with the agent's socket", "pid", req.PID, "addr", req.String(), "error", err)
+			if d.Unused != nil {
+				d.Unused()
+			}
 			return
 		}
 		t.log.Debug("bind answered", "pid", req.PID, "addr", req.String(), "socket", d.Name)

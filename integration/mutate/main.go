@@ -77,12 +77,12 @@ var mutations = []mutation{
 	{
 		Name: "a log line is dropped",
 		File: "workers/logs/capture.go",
-		Old: `			if e <= maxLine {
-				fn(string(p[:e]))`,
-		New: `			if e <= maxLine {
-				if !bytes.HasSuffix(p[:e], []byte("000")) {
-					fn(string(p[:e]))
-				}`,
+		Old: `		fn(string(text))
+		p, offset = p[n:], offset+n`,
+		New: `		if !bytes.HasSuffix(text, []byte("000")) {
+			fn(string(text))
+		}
+		p, offset = p[n:], offset+n`,
 		Tests: []target{{"./workers/logs", "."}, {"./integration", "^TestLogsEveryLineOnceAcrossRotations$"}},
 	},
 	{

@@ -220,34 +220,69 @@ const maxEnviron = 1 << 20
 // (a member stuck so is also past a kill until it wakes).
 const environTimeout = time.Second
 
-// hung are the pids whose environment read has not returned: a sweep
-// skips them rather than start another read that would hang too, so that
-// a stuck process costs one goroutine, not one per sweep.
-var hung sync.Map
+// envReads are the environment reads in flight, by pid. Sweeps run at
+// once (two workers ending together, a stop beside an exit sweep) and
+// each reads every process's environment: a second reader of a pid joins
+// the read in flight and gets its answer, and is never told that the
+// process is not a member because another sweep is reading it. A read
+// that has not returned within the bound (a stuck process) is given up by
+// every reader, and later sweeps skip the process while it hangs rather
+// than start another read that would hang too, so that a stuck process
+// costs one goroutine, not one per sweep.
+var (
+	envMu    sync.Mutex
+	envReads = map[int]*envRead{}
+)
+
+// envRead is one read of a process's environment; done is closed once
+// env and err are set.
+type envRead struct {
+	start   time.Time
+	done    chan struct{}
+	env     []byte
+	err     error
+	readers int // callers waiting on it (for tests)
+}
 
 // readEnv reads a process's environment (readEnviron; a test's stand-in).
 var readEnv = readEnviron
 
-// readEnvironWithin is readEnv, given up after d.
+// readEnvironWithin is readEnv, given up d after the read of pid began:
+// a caller joins a read in flight rather than start another.
 func readEnvironWithin(pid int, d time.Duration) ([]byte, error) {
-	if _, ok := hung.Load(pid); ok {
-		return nil, fmt.Errorf("procunit: the environment of %d: an earlier read still hangs", pid)
+	envMu.Lock()
+	r, ok := envReads[pid]
+	if !ok {
+		r = &envRead{start: time.Now(), done: make(chan struct{})}
+		envReads[pid] = r
+		go func() {
+			env, err := readEnv(pid)
+			envMu.Lock()
+			r.env, r.err = env, err
+			delete(envReads, pid)
+			envMu.Unlock()
+			close(r.done)
+		}()
 	}
-	type result struct {
-		env []byte
-		err error
-	}
-	done := make(chan result, 1)
-	hung.Store(pid, struct{}{})
-	go func() {
-		env, err := readEnv(pid)
-		hung.Delete(pid)
-		done <- result{env, err}
+	r.readers++
+	envMu.Unlock()
+	defer func() {
+		envMu.Lock()
+		r.readers--
+		envMu.Unlock()
 	}()
-	t := time.NewTimer(d)
+	if ok && time.Since(r.start) >= d {
+		select {
+		case <-r.done:
+			return r.env, r.err
+		default:
+			return nil, fmt.Errorf("procunit: the environment of %d: an earlier read still hangs", pid)
+		}
+	}
+	t := time.NewTimer(d - time.Since(r.start))
 	defer t.Stop()
 	select {
-	case r := <-done:
+	case <-r.done:
 		return r.env, r.err
 	case <-t.C:
 		return nil, fmt.Errorf("procunit: the environment of %d: no answer in %v", pid, d)

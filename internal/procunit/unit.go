@@ -53,6 +53,10 @@ type Unit struct {
 	// against its start time): leaderHolds asks it whether the command
 	// still holds its pid. nil when unknown or gone; closed by Close.
 	leader *os.File
+	name   string
+	// v1 are the unit's cgroup v1 folders by controller (Limit), for the
+	// limits its cgroup v2 has no controller for (a hybrid host).
+	v1 map[string]string
 }
 
 // Proc is a process found in a unit.
@@ -80,7 +84,7 @@ const EnvNoCgroup = "DEPLOYD_TEST_NO_CGROUP"
 func New(name string) *Unit {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	u := &Unit{id: hex.EncodeToString(b[:])}
+	u := &Unit{id: hex.EncodeToString(b[:]), name: name}
 	if !noCgroup && os.Getenv(EnvNoCgroup) != "1" {
 		u.cg = newCgroup(name + "-" + u.id[:8])
 	}
@@ -182,11 +186,20 @@ type Record struct {
 	Cgroup string `json:"cgroup,omitempty"`
 	PGID   int    `json:"pgid"`
 	Since  uint64 `json:"since"`
+	// V1 are the unit's cgroup v1 folders by controller (limits on a
+	// hybrid host), nil without.
+	V1 map[string]string `json:"v1,omitempty"`
 }
 
 // Record describes u for Reopen.
 func (u *Unit) Record() Record {
 	r := Record{ID: u.id, PGID: u.pgid, Since: u.since}
+	for c, dir := range u.v1 {
+		if r.V1 == nil {
+			r.V1 = map[string]string{}
+		}
+		r.V1[c] = dir
+	}
 	if u.cg != nil {
 		r.Cgroup = u.cg.dir
 	}
@@ -230,6 +243,14 @@ func Reopen(r Record) *Unit {
 	if r.Cgroup != "" && unitsCgroup(r.Cgroup, r.ID) {
 		if _, err := os.Stat(filepath.Join(r.Cgroup, "cgroup.procs")); err == nil {
 			u.cg = &cgroup{dir: r.Cgroup, fd: -1}
+		}
+	}
+	for c, dir := range r.V1 {
+		if v1Unit(dir, r.ID) {
+			if u.v1 == nil {
+				u.v1 = map[string]string{}
+			}
+			u.v1[c] = dir
 		}
 	}
 	return u
@@ -320,6 +341,14 @@ func (u *Unit) openMember(pid int) (int, error) {
 // nothing) and an error when something could not be killed in time.
 func (u *Unit) End(ctx context.Context) ([]Proc, error) {
 	defer u.Close()
+	left, err := u.end(ctx)
+	if err != nil {
+		return left, err
+	}
+	return left, u.removeV1(ctx)
+}
+
+func (u *Unit) end(ctx context.Context) ([]Proc, error) {
 	left := u.Procs()
 	if u.cg != nil {
 		if len(left) > 0 {

@@ -2,6 +2,7 @@ package procunit
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -170,6 +171,60 @@ func TestCleanCommandLeavesNothing(t *testing.T) {
 	}
 }
 
+// inFlight is the number of callers waiting on the read of pid's
+// environment in flight, -1 when none is.
+func inFlight(pid int) int {
+	envMu.Lock()
+	defer envMu.Unlock()
+	if r, ok := envReads[pid]; ok {
+		return r.readers
+	}
+	return -1
+}
+
+// Two sweeps that read one process's environment at once (two workers
+// ending together) both get it: the second joins the read in flight and
+// is never told the process is not a member because of the first.
+func TestConcurrentEnvironmentReadsShareOne(t *testing.T) {
+	release := make(chan struct{})
+	var reads atomic.Int32
+	readEnv = func(pid int) ([]byte, error) {
+		if reads.Add(1) == 1 {
+			<-release
+		}
+		return readEnviron(pid)
+	}
+	defer func() { readEnv = readEnviron }()
+	pid := os.Getpid()
+	type result struct {
+		env []byte
+		err error
+	}
+	results := make(chan result, 2)
+	read := func() {
+		env, err := readEnvironWithin(pid, 30*time.Second)
+		results <- result{env, err}
+	}
+	go read()
+	go read()
+	for deadline := time.Now().Add(10 * time.Second); inFlight(pid) != 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("the two reads are not both waiting on one read of %d's environment: %d", pid, inFlight(pid))
+		}
+	}
+	close(release)
+	for range 2 {
+		r := <-results
+		if r.err != nil || !bytes.Contains(r.env, []byte("PATH=")) {
+			t.Errorf("a read of %d's environment beside another: %v (%d bytes)", pid, r.err, len(r.env))
+		}
+	}
+	if n := reads.Load(); n != 1 {
+		t.Errorf("%d reads of the environment for two callers at once, want 1", n)
+	}
+}
+
 // A process whose environment cannot be read (its memory's lock held by a
 // stuck kernel call) does not hold up a sweep: the read is given up after
 // its bound, the unit's members are still found, and the next sweep does
@@ -182,7 +237,7 @@ func TestSweepDoesNotWaitOnAHungEnvironment(t *testing.T) {
 		// (and by a next run of this test).
 		close(release)
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			if _, ok := hung.Load(blocked); !ok {
+			if inFlight(blocked) < 0 {
 				break
 			}
 			if time.Now().After(deadline) {

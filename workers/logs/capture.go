@@ -76,29 +76,52 @@ func CaptureFrom(r io.Reader, pending []byte, maxLine int, fn func(text string))
 // in p, and with everything left if final. It returns the new start offset
 // (offset is p's start in the buffer).
 func deliver(p []byte, offset, maxLine int, final bool, fn func(string)) int {
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i >= 0 {
-			e := i
-			if e > 0 && p[e-1] == '\r' {
-				e--
-			}
-			if e <= maxLine {
-				fn(string(p[:e]))
-				p, offset = p[i+1:], offset+i+1
-				continue
-			}
-		} else if len(p) <= maxLine+1 && !final {
-			break // the line may still end within maxLine: wait for more
-		} else if len(p) <= maxLine {
-			fn(string(p)) // last line, no newline
-			return offset + len(p)
+	for {
+		text, n, ok := nextLine(p, maxLine, final)
+		if !ok {
+			return offset
 		}
-		cut := chunkEnd(p, maxLine)
-		fn(string(p[:cut]))
-		p, offset = p[cut:], offset+cut
+		fn(string(text))
+		p, offset = p[n:], offset+n
 	}
-	return offset
+}
+
+// linesEnd is where the first k lines of p end, cut as deliver cuts them
+// (p holds at least k: it is what deliver gave a recorded append).
+func linesEnd(p []byte, maxLine, k int) int {
+	off := 0
+	for ; k > 0; k-- {
+		_, n, ok := nextLine(p[off:], maxLine, false)
+		if !ok {
+			break
+		}
+		off += n
+	}
+	return off
+}
+
+// nextLine is the first complete line of p (or chunk of an over-long one),
+// without its "\n" or "\r\n", and how many bytes of p it takes; ok is false
+// when p holds none (when final, whatever is left is one).
+func nextLine(p []byte, maxLine int, final bool) (text []byte, n int, ok bool) {
+	if len(p) == 0 {
+		return nil, 0, false
+	}
+	if i := bytes.IndexByte(p, '\n'); i >= 0 {
+		e := i
+		if e > 0 && p[e-1] == '\r' {
+			e--
+		}
+		if e <= maxLine {
+			return p[:e], i + 1, true
+		}
+	} else if len(p) <= maxLine+1 && !final {
+		return nil, 0, false // the line may still end within maxLine: wait for more
+	} else if len(p) <= maxLine {
+		return p, len(p), true // last line, no newline
+	}
+	cut := chunkEnd(p, maxLine)
+	return p[:cut], cut, true
 }
 
 // chunkEnd is where to cut p (longer than maxLine) so as not to split a

@@ -319,16 +319,30 @@ func (j *Journal) Settle(sink *Sink) error {
 	return j.settle(sink)
 }
 
-// settle finds out whether the append j recorded (an agent died while it
-// was making it) is in sink's file: then its bytes are done.
+// settle finds out how much of the append j recorded (an agent died while
+// it was making it) is in sink's log, and marks that much done: all of its
+// bytes, or the lines of those of its entries the journal shows. What is
+// not there is written again by the capture, as a new append. The header
+// then says what the log holds, so an agent killed before that append
+// leaves the next one the same facts (nothing of it in memory only).
 func (j *Journal) settle(sink *Sink) error {
 	rec := j.rec
 	j.rec = nil
-	if sink == nil || !sink.Resolve(rec) {
-		return j.commit(j.done) // not written: they are written again
+	var found Found
+	if sink != nil {
+		found = sink.Resolve(rec)
 	}
-	j.pending = j.pending[:copy(j.pending, j.pending[rec.Upto-j.done:])]
-	return j.commit(rec.Upto)
+	upto := j.done
+	switch batch := j.pending[:rec.Upto-j.done]; {
+	case found.All:
+		upto = rec.Upto
+	case found.Lines > 0:
+		// The lines as the capture cut them: CaptureJournaled's maxLine
+		// is the default for every worker (workers.capture).
+		upto += int64(linesEnd(batch, DefaultMaxLine, found.Lines))
+	}
+	j.pending = j.pending[:copy(j.pending, j.pending[upto-j.done:])]
+	return j.commit(upto)
 }
 
 // deliver hands the complete lines of pending (all of it when final) to fn

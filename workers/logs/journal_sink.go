@@ -60,8 +60,10 @@ func (w *writer) writeRecorded(data []byte) (int, error) {
 // a rotated one that is not compressed yet, at rec's offset, hashing alike.
 // A file of rec's that is gone (rotated and compressed or pruned) was
 // rotated after the append, so the append happened. A write torn at the end
-// of the current file (the dying agent was in it) is cut off.
-func (w *writer) resolve(rec *Append) bool {
+// of the current file (the dying agent was in it) is cut off. A file holds
+// an append whole or not at all; the journal may hold its first lines
+// (journald.resolve).
+func (w *writer) resolve(rec *Append) Found {
 	if jd, ok := w.f.(*journald); ok && rec.Dev == journaldDev {
 		return jd.resolve(rec)
 	}
@@ -88,9 +90,16 @@ func (w *writer) resolve(rec *Append) bool {
 		if in == notThisFile {
 			continue
 		}
-		return in == present
+		return Found{All: in == present}
 	}
-	return true
+	return Found{All: true}
+}
+
+// Found is how much of an append that a dead agent recorded is in the log
+// (Sink.Resolve): all of it, or else its first Lines lines (0: none).
+type Found struct {
+	All   bool
+	Lines int // the worker's lines, not the Sink's marker lines
 }
 
 // Where an append is (appendIn).

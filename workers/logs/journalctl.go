@@ -33,7 +33,7 @@ func (systemJournal) Count(field, value string) ([]appendEntry, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "journalctl", "--no-pager", "--quiet", "--output=json",
-		"--output-fields=DEPLOYD_APPEND_N,DEPLOYD_PID", field+"="+value)
+		"--output-fields=DEPLOYD_APPEND_N,DEPLOYD_STREAM", field+"="+value)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, fmt.Errorf("logs: journalctl: %w", err)
@@ -45,13 +45,12 @@ func (systemJournal) Count(field, value string) ([]appendEntry, error) {
 	sc := bufio.NewScanner(out)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() && len(es) < countMax {
-		var e struct{ DEPLOYD_APPEND_N, DEPLOYD_PID string }
+		var e struct{ DEPLOYD_APPEND_N, DEPLOYD_STREAM string }
 		if json.Unmarshal(sc.Bytes(), &e) != nil {
 			continue
 		}
 		n, _ := strconv.Atoi(e.DEPLOYD_APPEND_N)
-		pid, _ := strconv.Atoi(e.DEPLOYD_PID)
-		es = append(es, appendEntry{N: n, PID: pid})
+		es = append(es, appendEntry{N: n, Stream: e.DEPLOYD_STREAM})
 	}
 	if len(es) >= countMax {
 		cancel() // the rest is not read

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
@@ -31,7 +32,10 @@ import (
 // journal socket is one queue, so what the dead agent sent before it died
 // is in the journal by then. All of them there: the append happened; none:
 // it did not; the first k (datagrams of one socket arrive in order): the
-// same lines are sent again without their first k.
+// worker's journal marks the lines of those k as done at once, in its
+// header, and the rest is sent as a new append. Nothing of the settling is
+// kept only in the agent's memory, so an agent killed right after it
+// settled leaves the next one the same facts.
 
 // journaldDev is the device of the FilePos of an append to the journal:
 // no file system has it.
@@ -42,25 +46,32 @@ const journaldDev = ^uint64(0)
 type journaldConn interface {
 	Send(msg string, prio journal.Priority, vars map[string]string) error
 	// Count returns the entries whose field is value (at most a bound),
-	// each as its DEPLOYD_APPEND_N and DEPLOYD_PID.
+	// each as its DEPLOYD_APPEND_N and DEPLOYD_STREAM.
 	Count(field, value string) ([]appendEntry, error)
 }
 
 // appendEntry is what resolve reads of an entry of an append.
 type appendEntry struct {
-	N, PID int
+	N      int
+	Stream string
 }
 
 // journald is the File of a TargetJournal Sink; owned by its writer.
 type journald struct {
 	conn    journaldConn
 	sent    int64             // bytes of frames sent: the FilePos size of the next append
-	skip    map[int]int       // per worker pid: entries of the next append already in the journal
 	settled bool              // the barrier entry was seen
 	id      string            // DEPLOYD_APPEND of the append being written
 	vars    map[string]string // reused for every entry
 	log     hclog.Logger
+	// progress, when set, gets the time of each entry sent (every
+	// progressEvery): the Sink's busySince (writer.setFile).
+	progress *atomic.Int64
 }
+
+// progressEvery is how many entries Write sends between two notes of its
+// progress.
+const progressEvery = 64
 
 // newJournaldConn is the conn of the journald Files a Sink opens; tests
 // replace it.
@@ -75,13 +86,13 @@ func newJournald(o Options) (File, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &journald{conn: newJournaldConn(), skip: map[int]int{}, vars: map[string]string{}, log: log}, nil
+	return &journald{conn: newJournaldConn(), vars: map[string]string{}, log: log}, nil
 }
 
 // Write sends one entry per frame of p. It returns how many bytes of p
 // were sent whole, and the first error.
 func (j *journald) Write(p []byte) (int, error) {
-	n := 0
+	n, sent := 0, 0
 	for len(p) > n {
 		end := bytes.IndexByte(p[n:], '\n')
 		if end < 0 {
@@ -91,6 +102,9 @@ func (j *journald) Write(p []byte) (int, error) {
 			return n, fmt.Errorf("logs: journald: %w", err)
 		}
 		n += end + 1
+		if sent++; sent%progressEvery == 0 && j.progress != nil {
+			j.progress.Store(time.Now().UnixNano())
+		}
 	}
 	j.sent += int64(n)
 	return n, nil
@@ -113,7 +127,7 @@ func (j *journald) writeWhole(p []byte) (int, error) {
 	defer func() { j.id = "" }()
 	n := 0
 	for f := range bytes.Lines(p) {
-		if fr, ok := parseFrame(f[:len(f)-1]); ok && j.skip[fr.pid] == 0 {
+		if _, ok := parseFrame(f[:len(f)-1]); ok {
 			n++
 		}
 	}
@@ -125,15 +139,11 @@ func (j *journald) writeWhole(p []byte) (int, error) {
 // appendIDLen is how many bytes of an append's SHA-256 its id shows.
 const appendIDLen = 12
 
-// send sends the entry of one frame, unless it is one the dead agent sent.
+// send sends the entry of one frame.
 func (j *journald) send(frame []byte) error {
 	fr, ok := parseFrame(frame)
 	if !ok {
 		return nil // the newline that ends a partial write: none here
-	}
-	if j.id != "" && j.skip[fr.pid] > 0 {
-		j.skip[fr.pid]--
-		return nil
 	}
 	prio, msg := linePriority(fr.stream, fr.text)
 	v := j.vars
@@ -159,27 +169,33 @@ func setOrDelete(m map[string]string, k, v string) {
 	m[k] = v
 }
 
-// resolve tells whether the append rec, recorded by an agent that died,
-// is in the journal; when only its first entries are, the next append of
-// the same worker skips them.
-func (j *journald) resolve(rec *Append) bool {
+// resolve tells how much of the append rec, recorded by an agent that
+// died, is in the journal: all of it, or its first entries (one socket's
+// datagrams arrive in order), of which the worker's lines are counted.
+// When it cannot tell, it answers none: a line may then show twice, but
+// none is lost.
+func (j *journald) resolve(rec *Append) Found {
 	if err := j.settle(); err != nil {
 		j.log.Warn("cannot tell which lines the dead agent sent to the journal; sending them again (some may show twice)", "error", err)
-		return false // losing them would be worse
+		return Found{}
 	}
 	id := hex.EncodeToString(rec.Sum[:appendIDLen])
 	es, err := j.conn.Count("DEPLOYD_APPEND", id)
-	if err != nil {
-		j.log.Warn("cannot count the dead agent's entries in the journal; sending them again (some may show twice)", "append", id, "error", err)
+	if err != nil { // es holds what was read: the first entries, or none
+		j.log.Warn("cannot count the dead agent's entries in the journal; sending what it does not show again (some may show twice)", "append", id, "error", err)
 	}
-	if len(es) == 0 {
-		return false
+	if len(es) > 0 && len(es) >= es[0].N {
+		j.log.Info("settled the dead agent's batch: all of it is in the journal", "append", id, "entries", len(es))
+		return Found{All: true}
 	}
-	if len(es) >= es[0].N {
-		return true
+	lines := 0
+	for _, e := range es {
+		if e.Stream != markerStream {
+			lines++
+		}
 	}
-	j.skip[es[0].PID] += len(es)
-	return false
+	j.log.Info("settled the dead agent's batch: sending what is not in the journal", "append", id, "entries", len(es), "lines", lines)
+	return Found{Lines: lines}
 }
 
 // settle waits (once, at most settleTimeout) until an entry sent now is in

@@ -95,7 +95,7 @@ type Sink struct {
 	// for room rather than dropping; it drops at once when the last write
 	// failed or the writer has been stuck in a write for stallTimeout.
 	failing   atomic.Bool
-	busySince atomic.Int64                  // UnixNano when the current write started; 0: none
+	busySince atomic.Int64                  // UnixNano when the current write started or last moved on; 0: none
 	room      atomic.Pointer[chan struct{}] // closed (and replaced) when the writer took lines
 
 	mu     sync.RWMutex // Write holds it shared while it enqueues; Close exclusively
@@ -127,7 +127,7 @@ type request struct {
 	lines   []Line   // reqAppend
 	upto    int64    // reqAppend: the journal's done offset after the lines
 	rec     *Append  // reqResolve
-	found   chan bool
+	found   chan Found
 }
 
 // OpenSink opens (creating, with its directory) the file at o.Path and starts
@@ -163,7 +163,8 @@ func OpenSink(o Options) (*Sink, error) {
 	}
 	room := make(chan struct{})
 	s.room.Store(&room)
-	w := &writer{s: s, f: f, log: o.Logger.With("path", o.Path), opts: o}
+	w := &writer{s: s, log: o.Logger.With("path", o.Path), opts: o}
+	w.setFile(f)
 	go w.run()
 	return s, nil
 }
@@ -219,7 +220,9 @@ func (s *Sink) Write(l Line) {
 	}
 }
 
-// stallTimeout is how long Write waits for room while the writer works.
+// stallTimeout is how long Write waits for room while the writer works,
+// and how long a write may go without moving on before it is taken for
+// stalled (the journal's write of a batch moves on an entry at a time).
 const stallTimeout = 500 * time.Millisecond
 
 func (s *Sink) stuck() bool {
@@ -261,17 +264,17 @@ func (s *Sink) appendJournaled(j *Journal, lines []Line, upto int64) {
 	}
 }
 
-// Resolve tells whether the append rec (recorded in a journal by an agent
-// that died before it marked it done) is in the log: false means it must
-// be written again. A write the dying agent left torn at the end of the
-// current file is cut off first.
-func (s *Sink) Resolve(rec *Append) bool {
-	r := request{kind: reqResolve, rec: rec, found: make(chan bool, 1)}
+// Resolve tells how much of the append rec (recorded in a journal by an
+// agent that died before it marked it done) is in the log: what is not
+// must be written again. A write the dying agent left torn at the end of
+// the current file is cut off first.
+func (s *Sink) Resolve(rec *Append) Found {
+	r := request{kind: reqResolve, rec: rec, found: make(chan Found, 1)}
 	select {
 	case s.reqs <- r:
 		return <-r.found
 	case <-s.done:
-		return false
+		return Found{}
 	}
 }
 

@@ -139,14 +139,26 @@ func (w *writer) reopen(o Options) error {
 	f, err := o.Open(o)
 	if err != nil {
 		if f, err2 := w.opts.Open(w.opts); err2 == nil {
-			w.f = f
+			w.setFile(f)
 		} else {
 			w.f = failedFile{err2}
 		}
 		return err
 	}
-	w.f, w.opts = f, o
+	w.setFile(f)
+	w.opts = o
 	return nil
+}
+
+// setFile makes f the writer's File. The journal sends a batch an entry at
+// a time, for as long as a second or more: it tells each step to the Sink
+// (busySince), so that a write that moves on is not taken for a stalled
+// one, whose lines Write and appendJournaled only queue.
+func (w *writer) setFile(f File) {
+	if jd, ok := f.(*journald); ok {
+		jd.progress = &w.s.busySince
+	}
+	w.f = f
 }
 
 // failedFile stands for a log file that could not be opened again: every

@@ -137,10 +137,12 @@ type Spec struct {
 	// Indirect: the command starts node underneath (npm start, sh -c ...),
 	// so the main process is not the app's node.
 	Indirect bool
-	// Discover: a discovery run of an app without a listen list. The
-	// preload reports the first listen(port) the app makes (LISTEN= on its
-	// channel) and exits; it never reports ready.
-	Discover bool
+	// Learn: the app has no listen list; its workers run under the bind
+	// trap, which answers the bind of a listen(port) with the socket the
+	// agent's address policy allows. The preload lets such a listen bind
+	// as the app asked, drains the server once it listens, and reports
+	// ready then (not before: an app that never listens is never ready).
+	Learn bool
 }
 
 // Direct tells whether argv's main process is node itself.
@@ -173,7 +175,7 @@ type wireConfig struct {
 	// ListenPID: node was started without deployd's exec shim, so the
 	// preload sets LISTEN_PID to its pid (when unset) before the app runs.
 	ListenPID bool `json:"listenPid,omitempty"`
-	Discover  bool `json:"discover,omitempty"`
+	Learn     bool `json:"learn,omitempty"`
 }
 
 // Env returns env extended for a node worker whose channel is fd ctl and
@@ -191,7 +193,7 @@ func (s *Spec) DirectEnv(env []string, ctl, first int) []string { return s.env(e
 func (s *Spec) env(env []string, ctl, first int, listenPID bool) []string {
 	wc := wireConfig{App: s.App, Ctl: ctl, Ready: s.ReportReady, NodeIPC: s.NodeIPC, StopSignal: s.StopSignal,
 		StopTimeoutMs: s.StopTimeout.Milliseconds(), Listeners: []wireListener{}, ListenPID: listenPID,
-		Discover: s.Discover}
+		Learn: s.Learn}
 	var tcpPorts []int
 	for i, l := range s.Listeners {
 		wl := wireListener{FD: first + i, Network: l.Network, Address: l.Address}

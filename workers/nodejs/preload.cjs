@@ -10,7 +10,9 @@
 // - maps the app's own listen(port) (every form net.Server.listen takes) onto
 //   the inherited socket of the configured listener with that port (unix
 //   sockets by path); a port the config does not list is a clear error and
-//   exit 1;
+//   exit 1; for an app with no listen list (cfg.learn) the listen binds as
+//   asked, the agent's bind trap answers that bind (its address policy
+//   decides), and the server is drained once it listens;
 // - finds every other server that accepts on an inherited listener however
 //   it was bound (listen({fd: N}), listen(handle), a framework's server): by
 //   its fd or its address once it listens; one on an address deployd does
@@ -200,6 +202,7 @@ function run(cfg) {
     var best = -1;
     for (var i = 0; i < listeners.length; i++) {
       var l = listeners[i];
+      if (l.learned) continue; // a listen of its port binds again: the agent answers it
       var ok = r.kind === 'unix' ? l.path && path.resolve(r.path) === l.path : !l.path && l.port === r.port;
       if (!ok) continue;
       any = true;
@@ -222,18 +225,25 @@ function run(cfg) {
     fail(msg);
   }
 
-  // discovered answers a discovery run: the address the app asked for goes
-  // to the agent (LISTEN=), which binds it and starts the real workers with
-  // it; this process then exits, before the app serves anything.
-  var reported = false;
-  function discovered(r) {
-    if (reported) return;
-    reported = true;
-    var addr = r.kind === 'unix' ? 'unix://' + path.resolve(r.path) : 'tcp://' + hostOf(r.host) + ':' + r.port;
-    var t = setTimeout(function () { origExit.call(process, 0); }, 500);
-    send(['LISTEN=' + addr, 'STATUS=discovered listen ' + addr], function () {
-      clearTimeout(t);
-      origExit.call(process, 0);
+  // learn serves a listen(port) of an app without a listen list
+  // (cfg.learn): the app's own bind runs, and the agent's bind trap answers
+  // it with the socket its address policy allows, or refuses it (the
+  // listen then fails with EACCES or EADDRINUSE as any refused bind, and
+  // the agent's log and status say why and what to do). Once the server
+  // listens it is drained as one on a configured listener, and the
+  // worker is ready. No 'error' listener is added: an app that does not
+  // handle a failed listen fails as it would without deployd.
+  function learn(server, r) {
+    server.prependOnceListener('listening', function () {
+      if (server[kState]) return;
+      var l = { fd: -1, network: 'tcp', port: r.port, host: r.host, address: hostOf(r.host) + ':' + r.port, learned: true };
+      var i = listeners.push(l) - 1;
+      served.push(true);
+      install();
+      track(server, l);
+      serveHealth(server);
+      checkReady();
+      server.once('close', function () { served[i] = 'closed'; });
     });
   }
 
@@ -287,9 +297,9 @@ function run(cfg) {
   }
 
   // An app with no listener (a queue worker) is ready once its main module
-  // has run. A discovery run (cfg.discover: the config has no listen list)
-  // is never ready: it reports the app's first listen and exits.
-  if (listeners.length === 0 && cfg.ready && !cfg.discover) {
+  // has run. One whose address is learned from its bind (cfg.learn) is
+  // ready once it listens (learn).
+  if (listeners.length === 0 && cfg.ready && !cfg.learn) {
     setImmediate(function () { send(['READY=1', 'STATUS=running (no listeners configured)']); });
   }
 
@@ -301,8 +311,9 @@ function run(cfg) {
     // pipe in its parent process, an admin socket): the app binds it
     // itself, as its own user, and it is never the port the app serves.
     if (r.kind === 'other' || (r.kind === 'unix' && find(r) === -1)) {
-      if (r.kind === 'unix' && cfg.discover) {
-        send(['STATUS=left listen(' + path.resolve(r.path) + ') to the app: a unix socket the config does not name is its own']);
+      if (r.kind === 'unix' && cfg.learn) {
+        send(['STATUS=left listen(' + path.resolve(r.path) + ') to the app: a unix socket the config does not name is its own; ' +
+          'to serve that socket, root adds listen = ["unix://PATH"] (in a folder the app\'s user cannot write)']);
       }
       var srv = this;
       // Before the app's own listening callbacks, which may report readiness.
@@ -310,9 +321,9 @@ function run(cfg) {
       return origListen.apply(this, arguments);
     }
     var i = find(r);
-    if (i === -1 && cfg.discover && listeners.length === 0) {
-      discovered(r);
-      return this;
+    if (i === -1 && cfg.learn && r.kind === 'tcp') {
+      learn(this, r);
+      return origListen.apply(this, arguments);
     }
     if (i === -1) {
       unlisted(r);

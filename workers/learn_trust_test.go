@@ -1,7 +1,6 @@
 package workers
 
 import (
-	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -20,10 +19,10 @@ func init() {
 	}
 }
 
-// LISTEN= is taken from the preload's own channel only: one that a child
-// of a discovery run sends over NOTIFY_SOCKET is ignored, and the app,
-// which never listens, is named as one that did not.
-func TestDiscoverIgnoresListenOverNotifySocket(t *testing.T) {
+// A LISTEN= that a child of the app sends over NOTIFY_SOCKET claims
+// nothing: the address is the one the app's own bind asks for, and this
+// app, which never listens, is named as one that did not.
+func TestLearnIgnoresListenOverNotifySocket(t *testing.T) {
 	t.Parallel()
 	self, err := os.Executable()
 	if err != nil {
@@ -32,15 +31,19 @@ func TestDiscoverIgnoresListenOverNotifySocket(t *testing.T) {
 	js := "const r = require('child_process').spawnSync(" + strconv.Quote(self) + ", [], {stdio: 'inherit', env: " +
 		"Object.assign({}, process.env, {" + helperEnv + ": 'notify-listen', " + strconv.Quote(noRaceExitSleep[:6]) +
 		": 'atexit_sleep_ms=0'})});\nconsole.log('helper exited ' + r.status);\nsetInterval(() => {}, 1000);\n"
-	spec := nodeDiscoverSpec(t, js)
+	p := &learnPolicy{}
+	spec := nodeLearnSpec(t, js, p)
 	spec.ReadyTimeout = 2 * time.Second
 	s := newSupervisor(t, spec)
-	got, err := s.Discover(spec)
-	if !errors.Is(err, ErrNoListen) {
-		t.Fatalf("Discover = %q, %v; want ErrNoListen: LISTEN= on NOTIFY_SOCKET must not count", got, err)
+	err = s.Start()
+	if err == nil || !strings.Contains(err.Error(), "never listened on a TCP port") {
+		t.Fatalf("Start = %v; want the app named as one that never listened: LISTEN= on NOTIFY_SOCKET must not count", err)
+	}
+	if rs := p.requests(); len(rs) != 0 {
+		t.Errorf("the policy was asked %v; want nothing", rs)
 	}
 	// The helper ran and sent it (its exit status is in the app's output).
-	if !strings.Contains(err.Error(), "helper exited 0") {
-		t.Errorf("Discover = %v; want the app's output to say the helper sent LISTEN= (exit 0)", err)
+	if lines := strings.Join(notReadyLines(t, err), "\n"); !strings.Contains(lines, "helper exited 0") {
+		t.Errorf("the app's output %q does not say the helper sent LISTEN= (exit 0)", lines)
 	}
 }
