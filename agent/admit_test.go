@@ -30,14 +30,17 @@ func TestAdmitRefusesBeforeAnythingChanges(t *testing.T) {
 		refusal("rollback of an app without releases", err, api.KindUsage, "set releases = true in [apps.web]")
 		rt := a.apps.get("web")
 		gen := rt.sup.Spec().Generation
-		rt.busy.Lock() // another operation runs
+		release, err := rt.sup.Claim("another operation") // another operation runs
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, op := range []func(context.Context, string, func(workers.Event)) (*api.Result, error){a.Restart, a.Stop, a.Start} {
 			_, err = op(ctx, "web", discard)
 			refusal("an operation of a busy app", err, api.KindBusy, busyMessage("web"))
 		}
 		_, err = a.Scale(ctx, api.ScaleRequest{App: "web", Instances: "2"}, discard)
 		refusal("scale of a busy app", err, api.KindBusy, busyMessage("web"))
-		rt.busy.Unlock()
+		release()
 		if got := rt.sup.Spec().Generation; got != gen {
 			t.Errorf("a refused operation changed the app: generation %d, was %d", got, gen)
 		}

@@ -102,42 +102,47 @@ func (t *afterHooks) take(rt *appRT) *hookRun {
 
 // queueAfter queues h, the after hook of rt's canary that was just
 // promoted (called by the hold's end, before the app admits its next
-// operation), and starts a goroutine that runs it under rt's busy lock
-// unless the promote that holds the lock runs it first (runQueuedAfter).
-// A hold that ended by itself takes the lock at once, so no operation
-// slips in before its hook, as none does before a deploy's after hook.
-func (a *Agent) queueAfter(rt *appRT, h *hookRun) {
-	if !a.hooks.enter() {
+// operation), and starts a goroutine that runs it under a claim on rt
+// (admit.go) unless the promote that holds the claim runs it first
+// (runQueued). A hold that ended by itself claims the app at once, so no
+// operation slips in before its hook, as none does before a deploy's after
+// hook.
+func (k *hooks) queueAfter(rt *appRT, h *hookRun) {
+	if !k.after.enter() {
 		rt.log.Error("after hook not run: the agent is stopping", "hook", h.name, "version", h.version)
 		return
 	}
-	a.hooks.queue(rt, h)
-	owned := rt.busy.TryLock()
+	k.after.queue(rt, h)
+	const what = "after hook of a promoted canary"
+	release, err := rt.sup.Claim(what)
 	go func() {
-		defer a.hooks.leave()
-		if !owned {
-			rt.busy.Lock()
+		defer k.after.leave()
+		if err != nil {
+			release = rt.sup.ClaimWait(what)
 		}
-		defer rt.busy.Unlock()
-		a.runQueuedAfter(rt, discard)
+		defer release()
+		k.runQueued(rt, discard)
 	}()
 }
 
-// runQueuedAfter runs rt's queued after hook, if any, announcing it to
-// emit; rt.busy is held. Nil when none was queued.
-func (a *Agent) runQueuedAfter(rt *appRT, emit func(workers.Event)) []api.HookResult {
-	h := a.hooks.take(rt)
+// runQueued runs rt's queued after hook, if any, announcing it to emit;
+// the caller holds a claim on rt. Nil when none was queued.
+func (k *hooks) runQueued(rt *appRT, emit func(workers.Event)) []api.HookResult {
+	h := k.after.take(rt)
 	if h == nil {
 		return nil
 	}
-	return []api.HookResult{a.runHook(rt, rt.config(), h, emit)}
+	return []api.HookResult{k.run(rt, rt.config(), h, emit)}
 }
 
-// waitHooks waits, for an upgrade, until no after hook runs: the agent
-// that started a hook reports its end.
-func (a *Agent) waitHooks(ctx context.Context) error {
-	if n := a.hooks.count(); n > 0 {
-		a.log.Info("upgrade: waiting for after hooks to end", "hooks", n)
+// wait waits, for an upgrade, until no after hook runs: the agent that
+// started a hook reports its end.
+func (k *hooks) wait(ctx context.Context) error {
+	if n := k.after.count(); n > 0 {
+		k.log.Info("upgrade: waiting for after hooks to end", "hooks", n)
 	}
-	return a.hooks.wait(ctx)
+	return k.after.wait(ctx)
 }
+
+// close lets no after hook start any more and waits for those running.
+func (k *hooks) close() { k.after.close() }

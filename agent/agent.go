@@ -72,44 +72,32 @@ type Agent struct {
 	upg      upgrader
 	reg      *handoff.Registry // every listener of every app
 
-	apps       appSet
-	generation generations // each app's last spec generation (specFor)
-	// learnMu makes the decisions on addresses apps learn from their
-	// binds one at a time (learn.go).
-	learnMu sync.Mutex
+	apps  appSet
+	build *builder // an app's config into what runs it (builder.go); set by setup
+	learn *learner // the addresses apps without a listen list learn (learn.go); set by setup
 
 	shutdown     chan struct{} // closed to ask for a shutdown
 	shutdownOnce sync.Once
-	ready        chan struct{}  // closed once the agent serves (after upg.Ready)
-	quiet        atomic.Bool    // a new agent that has not taken over: leave the previous one's sockets alone
-	tearingDown  atomic.Bool    // set as teardown starts: its workers stop, none is a stray (holders.go)
-	upgrading    sync.Mutex     // held while an upgrade runs
-	upgWG        sync.WaitGroup // SIGHUP upgrades in flight
-	hooks        afterHooks     // after hooks running or queued (afterhook.go)
+	ready        chan struct{} // closed once the agent serves (after upg.Ready)
+	quiet        atomic.Bool   // a new agent that has not taken over: leave the previous one's sockets alone
+	tearingDown  atomic.Bool   // set as teardown starts: its workers stop, none is a stray (holders.go)
+	upgrades     *upgrades     // this agent's self-upgrades (upgrades.go)
+	takeover     *takeover     // a new agent's side of an upgrade (takeover.go)
+	holders      *holders      // who holds the apps' sockets after an adopting start (holders.go)
+	hooks        *hooks        // before and after hooks; after hooks running or queued (hooks.go)
 
 	state    *stateFile
 	releases *release.Store
 	// inherited is the previous agent's handover (nil without one): the
 	// workers startApps adopts. Set by setup.
 	inherited *received
-	orphans   map[string][]*workers.Handover // handed over for apps this agent does not run
-	changed   chan struct{}                  // wakes the recorder (survivors.go)
-	book      recordBook                     // this agent's record on disk (survivors.go)
-	marker    string                         // every worker's DEPLOYD_AGENT_ID (survivors.go)
-	retiring  sync.WaitGroup                 // retireLater in flight
-	// found are the workers dead agents left, foundRecords their records
-	// (survivors.go): retired once this agent's workers are ready.
-	found        []survivor
-	foundRecords []string
-	metrics      net.Listener                                                // [agent] metrics; nil when off (systemd.go)
-	newEdge      func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
+	book      *recordBook                                                 // this agent's record on disk (record.go)
+	survivors *survivors                                                  // the workers dead agents left (survivors.go)
+	retiring  sync.WaitGroup                                              // afterAdopting in flight
+	metrics   net.Listener                                                // [agent] metrics; nil when off (systemd.go)
+	newEdge   func(*Agent, net.Listener, net.Listener, hclog.Logger) Edge // Options.Edge
 
-	createdRunDir string // the control socket's folder, when this agent created it (dirs.go)
-	parent        int    // a new agent's parent, the previous agent (loop)
-	// orphaned: the previous agent died during the handoff and this one
-	// exits for systemd's next agent, which adopts the workers from this
-	// one's record: teardown keeps it (handoffLost).
-	orphaned bool
+	control *controlSocket // the control socket's path and folder (controlsocket.go)
 	// adopting: this start takes workers over (a handoff, or survivors of
 	// a dead agent); set by Run, read by afterAdopting (holders.go).
 	adopting bool
@@ -138,31 +126,40 @@ func Run(opts Options) error {
 	a := &Agent{
 		log: log, shim: shim, started: time.Now(), socket: cfg.Agent.Socket, path: cfg.Path, settings: cfg.Agent,
 		upg: upg, shutdown: make(chan struct{}), ready: make(chan struct{}),
-		changed: make(chan struct{}, 1), newEdge: opts.Edge,
+		newEdge: opts.Edge,
 	}
 	// A new agent that gives up before it is ready must not Stop the
 	// upgrader: that unlinks the unix sockets the old agent still serves.
 	a.quiet.Store(upg.HasParent())
+	a.takeover = &takeover{log: log, upg: upg, shim: shim, timeout: cfg.Agent.UpgradeTimeout}
 	if upg.HasParent() {
-		a.parent = os.Getppid()
+		a.takeover.parent = os.Getppid()
 		a.adopting = true
 	}
-	a.marker = agentMarker(cfg.Agent.StateDir)
-	socks := a.activation()
+	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	a.hooks = &hooks{log: log, releases: a.releases}
+	a.control = &controlSocket{log: log, path: cfg.Agent.Socket, group: cfg.Agent.SocketGroup}
+	a.holders = &holders{log: log, stateDir: cfg.Agent.StateDir, apps: a.apps.list, stopping: &a.tearingDown}
+	a.upgrades = &upgrades{log: log, upg: upg, shim: shim, config: cfg.Path, timeout: cfg.Agent.UpgradeTimeout,
+		ready: a.ready, apps: a.apps.list, hooks: a.hooks}
+	a.book = newRecordBook(cfg.Agent.StateDir, log)
+	mine := func() map[string][]workers.Process { return processes(a.apps.list()) }
+	a.survivors = &survivors{log: log, stateDir: cfg.Agent.StateDir, mine: mine, parent: upg,
+		upgradeTimeout: cfg.Agent.UpgradeTimeout}
+	socks := activation(log, upg.HasParent())
 	if !upg.HasParent() {
 		// Workers a killed agent left: their sockets first (still bound),
 		// retired once this agent's own workers are ready (survivors.go).
-		a.found, a.foundRecords = a.survivors()
-		a.adopting = len(a.found) > 0
-		a.endDeadSurvivors(a.found)
-		socks = append(socks, a.survivorSockets(a.found)...)
+		a.adopting = len(a.survivors.collect()) > 0
+		a.survivors.endDead()
+		socks = append(socks, a.survivors.sockets()...)
 	}
 	a.reg = handoff.NewRegistry(upg.Fds(), socks, log)
 	// Signals first, so a SIGTERM during startup is not lost.
 	sigs, stopSigs := watchSignals()
 	defer stopSigs()
 
-	ctl, err := a.listenControl()
+	ctl, err := a.control.listen(upg.Fds())
 	if err == nil {
 		err = a.setup(cfg)
 		if err != nil {
@@ -237,7 +234,7 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 				return nil
 			}
 		}
-		a.recorder(stopRec)
+		a.book.run(stopRec, func() map[string][]workers.Process { return processes(a.apps.list()) })
 		return nil
 	}, func(error) { close(stopRec) })
 	stopLoop := make(chan struct{})
@@ -255,25 +252,22 @@ func (a *Agent) group(ctl net.Listener, sigs <-chan os.Signal, onReady func(*Age
 func (a *Agent) teardown(handedOff, removeFiles bool) {
 	a.tearingDown.Store(true)
 	a.hooks.close() // after hooks end (each within after_timeout) before their app's workers stop
-	a.upgWG.Wait()
-	eachApp(a.appList(), func(rt *appRT) {
+	a.upgrades.wait()
+	eachApp(a.apps.list(), func(rt *appRT) {
 		if handedOff {
 			rt.sup.Release() // the handed-over workers run on under the new agent
 		} else {
-			a.stopApp(rt)
+			stopApp(rt, a.quiet.Load())
 		}
 	})
 	if a.metrics != nil {
 		a.metrics.Close() // our copy: tableflip, or the next agent, holds its own
 	}
 	if removeFiles {
-		if err := handoff.RemoveSocketFile(a.socket); err != nil {
-			a.log.Warn("control socket left in place", "error", err)
-		}
+		a.control.remove()
 		a.reg.RemoveSocketFiles()
-		a.removeCreatedRunDir()
 	}
-	for _, rt := range a.appList() {
+	for _, rt := range a.apps.list() {
 		rt.closeLogs()
 	}
 	if err := a.reg.Close(); err != nil {
@@ -283,32 +277,9 @@ func (a *Agent) teardown(handedOff, removeFiles bool) {
 		a.upg.Stop()
 	}
 	a.retiring.Wait()
-	if !a.orphaned {
-		a.removeRecord() // every worker is stopped, or recorded by the next agent
+	if !a.takeover.orphaned {
+		a.book.remove() // every worker is stopped, or recorded by the next agent
 	}
-}
-
-// load loads the config and resolves the agent's own binary once: it is
-// the workers' shim and what a handoff starts. tableflip starts os.Args[0],
-// so that becomes the resolved path (after a swap /proc/self/exe names the
-// backup, minio/minio#14778).
-func load(opts Options) (*config.Config, string, error) {
-	cfg, err := config.Load(opts.ConfigPath)
-	if err != nil {
-		return nil, "", err
-	}
-	if opts.Socket != "" {
-		cfg.Agent.Socket = opts.Socket
-	}
-	shim, err := os.Executable()
-	if err == nil {
-		shim, err = filepath.EvalSymlinks(shim)
-	}
-	if err != nil {
-		return nil, "", fmt.Errorf("find own binary: %w", err)
-	}
-	os.Args[0] = shim
-	return cfg, shim, nil
 }
 
 // loop starts the apps, tells systemd and the previous agent that this one
@@ -326,20 +297,20 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		a.log.Error("new agent: workers not ready; giving up so that the previous agent keeps serving", "error", err)
 		return fmt.Errorf("upgrade abandoned: %w", err)
 	}
-	a.log.Info("agent ready", "apps", len(a.appList()), "startup", time.Since(t0).Round(time.Millisecond),
+	a.log.Info("agent ready", "apps", len(a.apps.list()), "startup", time.Since(t0).Round(time.Millisecond),
 		"version", version.String(), "pid", os.Getpid(), "socket", a.socket)
 	// Recorded before the previous agent may exit: if this one is killed
 	// from now on, the next one finds every worker (survivors.go).
-	if err := a.writeRecord(a.processes()); err != nil {
+	if err := a.book.write(processes(a.apps.list())); err != nil {
 		a.log.Warn("record the running workers", "error", err)
 	}
 	a.retiring.Go(a.afterAdopting)
-	a.holdHandoff(true)
+	a.takeover.hold(true)
 	// systemd learns the new main pid before the previous agent may exit.
 	notify(daemon.SdNotifyReady + "\nMAINPID=" + fmt.Sprint(os.Getpid()) + "\nSTATUS=serving")
-	a.holdHandoff(false)
+	a.takeover.hold(false)
 	if err := a.upg.Ready(); err != nil {
-		if err := a.handoffLost(err); err != nil {
+		if err := a.takeover.lost(err); err != nil {
 			return err
 		}
 	}
@@ -357,9 +328,9 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
-				a.upgWG.Go(a.upgradeAsync)
+				a.upgrades.sighup()
 			case syscall.SIGUSR1:
-				a.rotateAll()
+				rotateAll(a.apps.list())
 			default:
 				a.log.Info("signal received, stopping", "signal", sig)
 				return errStopped
@@ -373,10 +344,11 @@ func (a *Agent) loop(sigs <-chan os.Signal, stop <-chan struct{}, onReady func(*
 	}
 }
 
-// stopApp stops rt's workers; in a new agent that has not taken over it
-// leaves those it adopted to the previous agent, which keeps them.
-func (a *Agent) stopApp(rt *appRT) {
-	if a.quiet.Load() {
+// stopApp stops rt's workers; in a new agent that has not taken over
+// (quiet) it leaves those it adopted to the previous agent, which keeps
+// them.
+func stopApp(rt *appRT, quiet bool) {
+	if quiet {
 		rt.sup.LetGo()
 		return
 	}
@@ -391,70 +363,14 @@ func (a *Agent) Shutdown() {
 	a.shutdownOnce.Do(func() { close(a.shutdown) })
 }
 
-// listenControl opens (or inherits) the control socket, mode 0600 or 0660
-// with socket_group.
-func (a *Agent) listenControl() (net.Listener, error) {
-	path := a.socket
-	created, err := a.makeDir(filepath.Dir(path), "control socket")
-	if err != nil {
-		return nil, err
-	}
-	a.createdRunDir = created
-	if ln, err := a.upg.Fds().Listener("unix", path); err == nil && ln != nil {
-		// The folder the first agent created is each next one's to remove.
-		a.createdRunDir = os.Getenv(envCreatedRunDir)
-		return ln, nil // inherited from the previous agent
-	}
-	if created != "" {
-		os.Setenv(envCreatedRunDir, created) // for the agents an upgrade starts
-	}
-	if _, err := os.Lstat(path); err == nil {
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			c.Close()
-			return nil, fmt.Errorf("control socket %s: another deployd agent is running there; "+
-				"stop it (`deployd shutdown`) or set [agent] socket to another path", path)
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("control socket %s: %w; another agent may own it: check, then remove the file", path, err)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("control socket %s: remove stale socket: %w", path, err)
-		}
-	}
-	old := syscall.Umask(0o177)
-	ln, err := a.upg.Fds().Listen("unix", path)
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
-	}
-	if g := a.settings.SocketGroup; g != "" {
-		gid, err := LookupGroup(g)
-		if err == nil {
-			err = os.Chown(path, -1, gid)
-		}
-		if err == nil {
-			err = os.Chmod(path, 0o660)
-		}
-		if err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("control socket %s: socket_group %q: %w", path, g, err)
-		}
-	}
-	return ln, nil
-}
-
-// rotateAll reopens (rotates) every app's log files (SIGUSR1).
-func (a *Agent) rotateAll() {
-	for _, rt := range a.appList() {
+// rotateAll reopens (rotates) the log files of every app of rts (SIGUSR1).
+func rotateAll(rts []*appRT) {
+	for _, rt := range rts {
 		if err := rt.rotateLogs(); err != nil {
 			rt.log.Error("rotate logs", "error", err)
 		}
 	}
 }
-
-// notify sends state to systemd when it gave us NOTIFY_SOCKET.
-func notify(state string) { _, _ = daemon.SdNotify(false, state) }
 
 // Socket returns the control socket path.
 func (a *Agent) Socket() string { return a.socket }

@@ -29,9 +29,6 @@ type appRT struct {
 	log      hclog.Logger // the agent's, with the app's name bound
 	sup      *workers.Supervisor
 	out, err *logs.Sink
-	// busy is held by the operation that replaces workers (reload, deploy,
-	// rollback, restart, scale): a second one is refused at once (admit).
-	busy sync.Mutex
 	// unstarted: built by a reload and swapped in; the reload's move
 	// starts it (begin).
 	unstarted atomic.Bool
@@ -167,9 +164,6 @@ func (rt *appRT) rotateLogs() error {
 	return nil
 }
 
-// appList returns the apps sorted by name.
-func (a *Agent) appList() []*appRT { return a.apps.list() }
-
 // eachApp runs fn for every app in rts in parallel and waits.
 func eachApp(rts []*appRT, fn func(rt *appRT)) {
 	var wg sync.WaitGroup
@@ -188,17 +182,18 @@ func (a *Agent) AppConfig(app string) *config.App {
 	return rt.config()
 }
 
-// noSuchApp is the message for an app the agent does not run.
-func (a *Agent) noSuchApp(name string) string {
+// noSuchApp is the message for an app the agent does not run: apps are
+// those it runs, from the config at path.
+func noSuchApp(path string, apps []*appRT, name string) string {
 	var names []string
-	for _, rt := range a.appList() {
+	for _, rt := range apps {
 		names = append(names, rt.name)
 	}
 	known := strings.Join(names, ", ")
 	if known == "" {
 		known = "none"
 	}
-	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, a.path, known)
+	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, path, known)
 }
 
 // wants are the listeners app's config asks for.
@@ -213,100 +208,6 @@ func wants(app *config.App) []handoff.Want {
 			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: balance})
 	}
 	return out
-}
-
-// newApp leases the app's listeners (and those it learned before, checked
-// against cfg: learn.go), opens its logs and builds its supervisor.
-// Nothing runs yet.
-func (a *Agent) newApp(cfg *config.Config, app *config.App) (*appRT, error) {
-	lease, err := a.reg.Acquire(app.Name, wants(app))
-	if err != nil {
-		return nil, err
-	}
-	rt := &appRT{name: app.Name, log: a.log.With("app", app.Name), cfg: app, lease: lease}
-	for _, s := range []struct {
-		dst  **logs.Sink
-		name string
-	}{{&rt.out, app.Name + ".out.log"}, {&rt.err, app.Name + ".err.log"}} {
-		o := logOptions(app)
-		// The agent log says when a file cannot be written (a full log_dir)
-		// and when it works again, once per episode.
-		o.Path, o.Logger = filepath.Join(a.settings.LogDir, s.name), rt.log.Named("logs")
-		*s.dst, err = logs.OpenSink(o)
-		if err != nil {
-			rt.closeLogs()
-			lease.Release()
-			return nil, fmt.Errorf("log file: %w", err)
-		}
-	}
-	a.restoreLearned(configApps(cfg), app, lease)
-	spec, err := a.specFor(app, lease, a.state.get(app.Name).Current)
-	if err != nil {
-		rt.closeLogs()
-		lease.Release()
-		return nil, err
-	}
-	rt.sup = workers.New(workers.Options{
-		App: app.Name, Shim: a.shim, Out: rt.out, Err: rt.err, Logger: a.log.Named("workers"),
-		BeforeStart: a.beforeStart(app.Name), Marker: a.marker, OnReady: a.recordReady,
-		Changed:   a.processesChanged,
-		NotifyDir: filepath.Join(a.settings.StateDir, "run", "notify"),
-	}, spec)
-	return rt, nil
-}
-
-// specFor builds the workers.Spec of app's config, a new generation, with
-// the listeners of lease; for an app that takes releases, of release rel
-// ("" = none yet: no workers). An app with no listen list learns its
-// address from its workers' binds into lease (learn.go).
-func (a *Agent) specFor(app *config.App, lease *handoff.Lease, rel string) (*workers.Spec, error) {
-	ls := lease.Bound()
-	gen := a.generation.next(app.Name, func() int { return a.inheritedGeneration(app.Name) })
-	cred, err := credential(app)
-	if err != nil {
-		return nil, err
-	}
-	release, argv, dir := configRelease(app), app.Command, app.Cwd
-	instances := app.Instances
-	if n := a.state.get(app.Name).Instances; n > 0 {
-		instances = n
-	}
-	if app.Releases {
-		release, dir = rel, a.releases.Path(app.Name, rel)
-		argv = releaseArgv(app.Command, dir)
-		if rel == "" {
-			instances, dir = 0, app.Cwd
-		}
-	}
-	spec := &workers.Spec{
-		Release: release, Generation: gen, Argv: argv, Dir: dir,
-		Env: appEnv(app), Credential: cred, Instances: instances,
-		Listeners: ls, Ready: readyPolicy(app.Ready), ReadyTimeout: app.ReadyTimeout, MinReady: app.MinReady,
-		StopSignal:  app.StopSignal,
-		StopTimeout: app.StopTimeout, QuietTimeout: app.QuietTimeout, Restart: restartPolicy(app.Restart), MaxSurge: app.MaxSurge,
-		MaxMemory: app.MaxMemory, Limits: app.Limits, Watchdog: app.Watchdog, RecycleAfter: app.RecycleAfter, CPUAffinity: app.CPUAffinity,
-		Health: healthPolicy(app.Health), BindTrap: app.TrapsBind(),
-	}
-	if app.DiscoversListen() {
-		spec.BindTrap, spec.BindPolicy = true, a.learnPolicy(app, lease)
-	}
-	if app.RecycleAt != "" {
-		sched, err := config.ParseRecycleAt(app.RecycleAt) // checked when the config was read
-		if err != nil {
-			return nil, fmt.Errorf("app %s: recycle_at %q: %w", app.Name, app.RecycleAt, err)
-		}
-		spec.RecycleAt, spec.RecycleAtText = sched, app.RecycleAt
-	}
-	if spec.Balance() != handoff.BalanceShared && instances > 0 { // spares need steering (the registry logged a fallback)
-		spec.Instances, spec.Spares = instances+app.Spares, app.Spares
-	}
-	if spec.Node, err = a.nodeSpec(app, argv, ls); err != nil {
-		return nil, err
-	}
-	if spec.JS, err = a.jsSpec(app, argv, spec.Node != nil); err != nil {
-		return nil, err
-	}
-	return spec, nil
 }
 
 // releaseArgv resolves a relative command inside the release folder dir.

@@ -3,6 +3,9 @@ package agent
 import (
 	"sort"
 	"sync"
+
+	"github.com/deployd/deployd/handoff"
+	"github.com/deployd/deployd/workers"
 )
 
 // appSet is the agent's apps by name, and the one owner of that map. Its
@@ -60,4 +63,28 @@ func (s *appSet) swap(add []*appRT, remove []string) (taken, removed []*appRT) {
 		}
 	}
 	return taken, removed
+}
+
+// processes returns the worker processes of apps, by app name.
+func processes(apps []*appRT) map[string][]workers.Process {
+	out := map[string][]workers.Process{}
+	for _, rt := range apps {
+		if ps := rt.sup.Processes(); len(ps) > 0 {
+			withLearned(ps, rt.running().Learned())
+			out[rt.name] = ps
+		}
+	}
+	return out
+}
+
+// withLearned adds to each process's listeners those its app learned from
+// its binds (learn.go): the workers hold them at fds of their own, and the
+// agent after a crash takes them back from one (survivors.sockets) as it
+// takes the others.
+func withLearned(ps []workers.Process, learned []handoff.Bound) {
+	for i := range ps {
+		for _, b := range learned {
+			ps[i].Listen = append(ps[i].Listen, workers.Listen{Network: b.Network, Address: b.Address})
+		}
+	}
 }

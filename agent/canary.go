@@ -77,15 +77,15 @@ func (a *Agent) deployCanary(rt *appRT, spec *workers.Spec, r roll, emit func(wo
 	version, prev := res.Version, res.Previous
 	c := canaryOf(rt.config(), r.canary, func(e workers.CanaryEnd) {
 		if e.Outcome == workers.CanaryPromoted {
-			a.rollServing(rt, version, prev, &api.DeployResult{})
+			rollServing(a.state, a.releases, rt, version, prev, &api.DeployResult{})
 			// The after hook runs once the release serves everywhere, in
 			// the promote's result when a promote asked (endCanary), and
 			// in the agent's and the app's logs.
-			if h := a.hookFor(rt.config(), "after", "deploy", version, prev); h != nil {
-				a.queueAfter(rt, h)
+			if h := a.hooks.plan(rt.config(), "after", "deploy", version, prev); h != nil {
+				a.hooks.queueAfter(rt, h)
 			}
 		} else {
-			a.rollFailed(rt, version, holdErr(e), &api.DeployResult{})
+			rollFailed(a.state, rt, version, holdErr(e), &api.DeployResult{})
 		}
 		logCanaryEnd(rt, e)
 	})
@@ -135,9 +135,13 @@ func (a *Agent) endCanary(_ context.Context, name string, want workers.CanaryOut
 		}
 		return failWith(api.KindNoCanary, "%s", noCanaryMessage(&workers.NoCanaryError{App: rt.name, Last: s.LastCanary}))
 	}
-	// A hold that ended already needs no lock to be told: the lock may be
-	// held by the after hook of a hold that canary_timeout promoted.
-	rt, done, locked, err := a.admit(name, rule{endsHold: true, check: check, lockIfFree: true})
+	// A hold that ended already needs no claim to be told: the app may be
+	// claimed by the after hook of a hold that canary_timeout promoted.
+	verb := "abort"
+	if want == workers.CanaryPromoted {
+		verb = "promote"
+	}
+	rt, done, locked, err := a.admit(name, rule{op: verb, endsHold: true, check: check, lockIfFree: true})
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +161,7 @@ func (a *Agent) endCanary(_ context.Context, name string, want workers.CanaryOut
 	}
 	res := canaryResult(rt.name, end, err)
 	if res.Outcome == api.OutcomePromoted && locked {
-		res.Hooks = a.runQueuedAfter(rt, emit) // a deployed canary's after hook
+		res.Hooks = a.hooks.runQueued(rt, emit) // a deployed canary's after hook
 	}
 	res.DurationSeconds = time.Since(t).Seconds()
 	if s.Canary == nil && res.CanaryEnd != nil {
@@ -258,8 +262,8 @@ func slotList(slots []int) string {
 
 // heldApp returns the refusal of an agent upgrade while an app holds a
 // canary (a hold is not carried to the next agent), nil when none does.
-func (a *Agent) heldApp() error {
-	for _, rt := range a.appList() {
+func heldApp(apps []*appRT) error {
+	for _, rt := range apps {
 		if he := rt.sup.Holding(); he != nil {
 			return failWith(api.KindBusy, "%s. An agent upgrade does not carry a canary's hold: end it first", holdMessage(rt.name, he))
 		}

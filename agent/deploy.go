@@ -39,16 +39,16 @@ func (a *Agent) Deploy(ctx context.Context, req api.DeployRequest, by Caller, em
 	if req.Canary < 0 {
 		return nil, failWith(api.KindUsage, "canary %d: give the number of workers to hold on the new release, 1 or more", req.Canary)
 	}
-	install, err := a.deployInput(ctx, req, by)
+	install, err := deployInput(ctx, a.releases, a.settings.StreamTimeout, req, by)
 	if err != nil {
 		return nil, prefixed("deploy refused, nothing changed: ", err)
 	}
-	rt, done, _, err := a.admit(req.App, rule{releases: true})
+	rt, done, _, err := a.admit(req.App, rule{op: "deploy", releases: true})
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	if err := a.canaryFits(rt, req.Canary); err != nil { // before the install and the before hook
+	if err := canaryFits(a.build, a.state, rt, req.Canary); err != nil { // before the install and the before hook
 		return nil, prefixed("deploy refused, nothing changed: ", err)
 	}
 	t := time.Now()
@@ -77,7 +77,7 @@ func (a *Agent) Deploy(ctx context.Context, req api.DeployRequest, by Caller, em
 // artifact (a file the client opened) is read from its descriptor; a path
 // is opened by the agent, so only for root and the agent's uid. The file
 // passed is closed when the request ends.
-func (a *Agent) deployInput(ctx context.Context, req api.DeployRequest, by Caller) (func() (*release.Release, error), error) {
+func deployInput(ctx context.Context, releases *release.Store, idle time.Duration, req api.DeployRequest, by Caller) (func() (*release.Release, error), error) {
 	if req.Attached {
 		f, err := by.file()
 		if err != nil {
@@ -92,9 +92,9 @@ func (a *Agent) deployInput(ctx context.Context, req api.DeployRequest, by Calle
 		}
 		f = p
 		context.AfterFunc(ctx, func() { f.Close() })
-		src := release.Source{File: f, Kind: req.Kind, Name: req.Name, Idle: a.settings.StreamTimeout}
+		src := release.Source{File: f, Kind: req.Kind, Name: req.Name, Idle: idle}
 		return func() (*release.Release, error) {
-			return a.releases.InstallFrom(req.App, src, req.Version, req.SHA256)
+			return releases.InstallFrom(req.App, src, req.Version, req.SHA256)
 		}, nil
 	}
 	if !by.Owner {
@@ -105,7 +105,7 @@ func (a *Agent) deployInput(ctx context.Context, req api.DeployRequest, by Calle
 		return nil, failWith(api.KindUsage, "artifact %q: the agent needs an absolute path", req.Artifact)
 	}
 	return func() (*release.Release, error) {
-		return a.releases.Install(req.App, req.Artifact, req.Version, req.SHA256)
+		return releases.Install(req.App, req.Artifact, req.Version, req.SHA256)
 	}, nil
 }
 
@@ -131,7 +131,7 @@ func checkReleaseCommand(rt *appRT, rel *release.Release) error {
 
 // rollTo moves rt to release r.version with a reload and records the
 // outcome in the state file; with r.canary it holds a canary instead, and
-// the hold's end records it. rt.busy is held.
+// the hold's end records it. The caller holds a claim on rt (admit).
 func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployResult {
 	version, prev := r.version, a.state.get(rt.name).Current
 	res := &api.DeployResult{App: rt.name, Version: version, Previous: prev, Status: r.okStatus}
@@ -139,7 +139,7 @@ func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployR
 		res.Status = api.DeployUnchanged
 		return res
 	}
-	spec, err := a.specFor(rt.config(), rt.running(), version)
+	spec, err := a.build.spec(rt.config(), rt.running(), version)
 	switch {
 	case err != nil:
 	case r.canary > 0:
@@ -150,16 +150,16 @@ func (a *Agent) rollTo(rt *appRT, r roll, emit func(workers.Event)) *api.DeployR
 		err = rt.sup.Reload(spec, r.strategy, emit)
 	}
 	if err != nil {
-		a.rollFailed(rt, version, err, res)
+		rollFailed(a.state, rt, version, err, res)
 		return res
 	}
-	a.rollServing(rt, version, prev, res)
+	rollServing(a.state, a.releases, rt, version, prev, res)
 	return res
 }
 
 // rollFailed records that rt's roll to version failed with err into res
 // and the state file (a refusal is not a failed release).
-func (a *Agent) rollFailed(rt *appRT, version string, err error, res *api.DeployResult) {
+func rollFailed(state *stateFile, rt *appRT, version string, err error, res *api.DeployResult) {
 	res.Status, res.Error = api.DeployFailed, err.Error()
 	var ab *workers.AbandonedError
 	if errors.As(err, &ab) {
@@ -169,7 +169,7 @@ func (a *Agent) rollFailed(rt *appRT, version string, err error, res *api.Deploy
 	case api.KindBusy, api.KindUsage:
 		res.Error = appResult(rt.name, err).Error
 	default:
-		if serr := a.state.update(rt.name, func(s *AppState) {
+		if serr := state.update(rt.name, func(s *AppState) {
 			if !slices.Contains(s.Failed, version) {
 				s.Failed = append(s.Failed, version)
 			}
@@ -186,9 +186,9 @@ func (a *Agent) rollFailed(rt *appRT, version string, err error, res *api.Deploy
 
 // rollServing records that rt serves version (after prev) into res and
 // the state file, and prunes old releases.
-func (a *Agent) rollServing(rt *appRT, version, prev string, res *api.DeployResult) {
+func rollServing(state *stateFile, releases *release.Store, rt *appRT, version, prev string, res *api.DeployResult) {
 	rt.settled() // every worker runs the running config's listeners
-	if err := a.state.update(rt.name, func(s *AppState) {
+	if err := state.update(rt.name, func(s *AppState) {
 		if s.Current != version {
 			s.Previous = s.Current
 		}
@@ -199,8 +199,8 @@ func (a *Agent) rollServing(rt *appRT, version, prev string, res *api.DeployResu
 		res.Error = "serving " + version + ", but the state file could not be written: " + err.Error()
 		rt.log.Error("write state", "error", err)
 	}
-	cur := a.state.get(rt.name)
-	if removed, err := a.releases.Prune(rt.name, rt.config().KeepReleases, cur.Current, cur.Previous); err != nil {
+	cur := state.get(rt.name)
+	if removed, err := releases.Prune(rt.name, rt.config().KeepReleases, cur.Current, cur.Previous); err != nil {
 		rt.log.Warn("prune releases", "error", err)
 	} else if len(removed) > 0 {
 		rt.log.Info("pruned old releases", "versions", removed)
@@ -215,12 +215,12 @@ func (a *Agent) Rollback(_ context.Context, req api.RollbackRequest, emit func(w
 	if err != nil {
 		return nil, failWith(api.KindUsage, "%w", err)
 	}
-	rt, done, _, err := a.admit(req.App, rule{releases: true})
+	rt, done, _, err := a.admit(req.App, rule{op: "rollback", releases: true})
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	target, err := a.rollbackTarget(req)
+	target, err := rollbackTarget(a.state, a.releases, req)
 	if err != nil {
 		return nil, err
 	}
@@ -231,9 +231,9 @@ func (a *Agent) Rollback(_ context.Context, req api.RollbackRequest, emit func(w
 }
 
 // rollbackTarget is the release a rollback moves to: req.To, or the
-// previous one; it must be on this host and not the current one.
-func (a *Agent) rollbackTarget(req api.RollbackRequest) (string, error) {
-	cur := a.state.get(req.App)
+// previous one; it must be in releases and not the current one (state).
+func rollbackTarget(state *stateFile, releases *release.Store, req api.RollbackRequest) (string, error) {
+	cur := state.get(req.App)
 	target := req.To
 	if target == "" {
 		target = cur.Previous
@@ -244,7 +244,7 @@ func (a *Agent) rollbackTarget(req api.RollbackRequest) (string, error) {
 	if target == cur.Current {
 		return "", failWith(api.KindRefused, "%s is the current release of %s already", target, req.App)
 	}
-	if _, err := a.releases.Get(req.App, target); err != nil {
+	if _, err := releases.Get(req.App, target); err != nil {
 		msg := fmt.Sprintf("no release %s of %s on this host", target, req.App)
 		if errors.Is(err, release.ErrBadArtifact) { // not a version name: "../x", "/etc"
 			msg = err.Error()
@@ -259,7 +259,7 @@ func (a *Agent) rollbackTarget(req api.RollbackRequest) (string, error) {
 func (a *Agent) Releases(name string) (*api.Releases, error) {
 	rt := a.apps.get(name)
 	if rt == nil {
-		return nil, failWith(api.KindNotFound, "%s", a.noSuchApp(name))
+		return nil, failWith(api.KindNotFound, "%s", noSuchApp(a.path, a.apps.list(), name))
 	}
 	if !rt.config().Releases {
 		return nil, failWith(api.KindUsage,
@@ -288,12 +288,13 @@ func (a *Agent) Releases(name string) (*api.Releases, error) {
 }
 
 // canaryFits refuses a --canary of n workers that rt could not hold now
-// (n = 0: no canary), so that a bad one changes nothing.
-func (a *Agent) canaryFits(rt *appRT, n int) error {
+// (n = 0: no canary), so that a bad one changes nothing. b builds the
+// spec of the release state says serves.
+func canaryFits(b *builder, state *stateFile, rt *appRT, n int) error {
 	if n == 0 {
 		return nil
 	}
-	spec, err := a.specFor(rt.config(), rt.running(), a.state.get(rt.name).Current)
+	spec, err := b.spec(rt.config(), rt.running(), state.get(rt.name).Current)
 	if err != nil {
 		return nil // rollTo reports it
 	}

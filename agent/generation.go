@@ -42,15 +42,3 @@ func (g *generations) add(app string, base int) int {
 	g.last[app] = n
 	return n
 }
-
-// inheritedGeneration is the newest generation of app's workers that the
-// previous agent handed over or a dead agent left (0 without any).
-func (a *Agent) inheritedGeneration(app string) int {
-	n := 0
-	if a.inherited != nil {
-		for _, h := range a.inherited.byApp[app] {
-			n = max(n, h.Generation)
-		}
-	}
-	return n
-}

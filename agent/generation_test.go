@@ -33,13 +33,13 @@ func TestAgentStartsEachAppAtGenerationOne(t *testing.T) {
 	path := writeConfig(t, dir, appTOML("a", sleep, "tcp://"+freeTCP(t), ready)+appTOML("b", sleep, "tcp://"+freeTCP(t), ready))
 	err := runAgent(t, path, newFakeUpgrader(false), func(a *Agent) {
 		defer a.Shutdown()
-		for _, rt := range a.appList() {
+		for _, rt := range a.apps.list() {
 			if got := rt.sup.Spec().Generation; got != 1 {
 				t.Errorf("app %s just started at generation %d, want 1", rt.name, got)
 			}
 		}
 		reload(a, "a")
-		for _, rt := range a.appList() {
+		for _, rt := range a.apps.list() {
 			if want := map[string]int{"a": 2, "b": 1}[rt.name]; rt.sup.Spec().Generation != want {
 				t.Errorf("after a reload of a, app %s is at generation %d, want %d", rt.name, rt.sup.Spec().Generation, want)
 			}

@@ -66,12 +66,12 @@ type handing struct {
 // a channel it registers with tableflip. With restart the channel carries
 // only the header: the next agent starts its own workers and this one
 // drains its own, as before adoption existed.
-func (a *Agent) handOver(restart bool) (*handing, error) {
+func (u *upgrades) handOver(restart bool) (*handing, error) {
 	h := &handing{sent: make(chan error, 1)}
 	parcels := []handoff.Parcel{{}} // the header, once the count is known
 	var hos []*workers.Handover
 	var unhealthy []string
-	for _, rt := range a.appList() {
+	for _, rt := range u.apps() {
 		if restart {
 			if !healthy(rt.sup.Status()) {
 				unhealthy = append(unhealthy, rt.name)
@@ -103,7 +103,7 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 	}
 	var err error
 	if h.mine, h.theirs, err = handoff.NewHandoverChannel(); err == nil {
-		if err = a.upg.Fds().AddFile(handoverName, h.theirs); err != nil {
+		if err = u.upg.Fds().AddFile(handoverName, h.theirs); err != nil {
 			h.mine.Close()
 			h.theirs.Close()
 			err = fmt.Errorf("pass the handover channel: %w", err)
@@ -117,18 +117,18 @@ func (a *Agent) handOver(restart bool) (*handing, error) {
 	}
 	parcels[0].Header, _ = json.Marshal(handoverHeader{Version: handoverVersion, AgentPID: os.Getpid(),
 		RestartWorkers: restart, Workers: len(parcels) - 1, Unhealthy: unhealthy})
-	deadline := time.Now().Add(a.settings.UpgradeTimeout)
+	deadline := time.Now().Add(u.timeout)
 	go func() {
 		err := handoff.SendParcels(h.mine, parcels, deadline)
 		if err != nil {
-			a.log.Error("upgrade: handover send failed", "error", err)
+			u.log.Error("upgrade: handover send failed", "error", err)
 		}
 		for _, w := range hos {
 			w.ReleaseFiles()
 		}
 		h.sent <- err
 	}()
-	a.log.Info("upgrade: handing over", "apps", len(h.apps), "workers", len(hos), "restart_workers", restart,
+	u.log.Info("upgrade: handing over", "apps", len(h.apps), "workers", len(hos), "restart_workers", restart,
 		"unhealthy", unhealthy)
 	return h, nil
 }
@@ -191,80 +191,8 @@ type received struct {
 	unhealthy map[string]bool
 }
 
-// receiveHandover reads the previous agent's handover, if it sent one.
-// Only a parcel stream from our own parent counts.
-func (a *Agent) receiveHandover() (*received, error) {
-	if !a.upg.HasParent() {
-		return nil, nil
-	}
-	f, err := a.upg.Fds().File(handoverName)
-	if err != nil || f == nil {
-		return nil, err
-	}
-	defer f.Close()
-	ps, err := handoff.ReceiveParcels(f, time.Now().Add(a.settings.UpgradeTimeout))
-	if err != nil {
-		return nil, err
-	}
-	r := &received{byApp: map[string][]*workers.Handover{}, pools: map[string]*workers.PoolHandover{},
-		unhealthy: map[string]bool{}}
-	var hdr handoverHeader
-	if len(ps) == 0 || json.Unmarshal(ps[0].Header, &hdr) != nil || hdr.AgentPID != os.Getppid() {
-		for _, p := range ps {
-			closeAll(p.Files)
-		}
-		return nil, fmt.Errorf("handover channel: no header from the parent agent %d", os.Getppid())
-	}
-	if hdr.Version >= 2 && len(ps)-1 != hdr.Workers {
-		for _, p := range ps {
-			closeAll(p.Files)
-		}
-		return nil, fmt.Errorf("handover channel: %d of the %d workers the parent agent %d handed over arrived",
-			len(ps)-1, hdr.Workers, os.Getppid())
-	}
-	r.restart = hdr.RestartWorkers
-	for _, app := range hdr.Unhealthy {
-		r.unhealthy[app] = true
-	}
-	for _, p := range ps[1:] {
-		var wp workerParcel
-		if err := json.Unmarshal(p.Header, &wp); err != nil || wp.Worker == nil {
-			closeAll(p.Files)
-			if err == nil && wp.Pool != nil {
-				r.pools[wp.App] = wp.Pool
-			}
-			continue
-		}
-		wp.Worker.SetFiles(p.Files)
-		r.byApp[wp.App] = append(r.byApp[wp.App], wp.Worker)
-	}
-	return r, nil
-}
-
 func closeAll(fs []*os.File) {
 	for _, f := range fs {
 		f.Close()
-	}
-}
-
-// stopLeftovers stops, once this agent has taken over, the workers of the
-// previous agent it did not adopt.
-func (a *Agent) stopLeftovers() {
-	eachApp(a.appList(), func(rt *appRT) { rt.sup.StopLeftovers() })
-	a.retireOrphans(a.orphans)
-	a.orphans = nil
-}
-
-// retireOrphans stops the handed-over workers of apps this agent does not
-// run (removed from the config, or stopped): a supervisor with no slots
-// adopts nothing and retires every one.
-func (a *Agent) retireOrphans(byApp map[string][]*workers.Handover) {
-	for app, hs := range byApp {
-		sup := workers.New(workers.Options{App: app, Shim: a.shim, Logger: a.log.Named("workers")},
-			&workers.Spec{Release: "retired"})
-		if err := sup.Adopt(hs); err != nil {
-			a.log.Warn("retire workers of the previous agent", "app", app, "error", err)
-		}
-		sup.Stop()
 	}
 }

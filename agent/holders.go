@@ -10,8 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/procunit"
@@ -54,6 +57,16 @@ type holder struct {
 	sock  appSocket
 }
 
+// holders checks that invariant. It sees the apps through the func it was
+// given; stopping is set as the agent's teardown starts (its workers stop,
+// none is a stray).
+type holders struct {
+	log      hclog.Logger
+	stateDir string
+	apps     func() []*appRT
+	stopping *atomic.Bool
+}
+
 // afterAdopting runs once this agent is ready: it stops what it took over
 // and does not keep (a handoff's leftovers, a dead agent's survivors) and
 // then, after an adopting start whose previous agent is gone, enforces
@@ -62,24 +75,27 @@ type holder struct {
 func (a *Agent) afterAdopting() {
 	var wg sync.WaitGroup
 	parentGone := true
-	wg.Go(func() { parentGone = a.retireLater() })
-	wg.Go(a.stopLeftovers)
+	wg.Go(func() { parentGone = a.survivors.retireLater() })
+	wg.Go(func() {
+		eachApp(a.apps.list(), func(rt *appRT) { rt.sup.StopLeftovers() })
+		a.takeover.retireOrphans()
+	})
 	wg.Wait()
 	if !a.adopting || !parentGone {
 		return
 	}
-	socks, killed := a.enforceHolders()
+	socks, killed := a.holders.enforce()
 	a.log.Info("checked the holders of the apps' listening sockets after taking workers over",
 		"sockets", socks, "killed", len(killed))
 }
 
-// enforceHolders checks the invariant above and kills the holders that
+// enforce checks the invariant above and kills the holders that
 // break it; it returns them. Run once the previous agent is gone and this
 // agent's leftovers and survivors are stopped (afterAdopting).
-func (a *Agent) enforceHolders() (sockets int, killed []holder) {
-	socks, err := a.listeningSockets()
+func (k *holders) enforce() (sockets int, killed []holder) {
+	socks, err := k.listeningSockets()
 	if err != nil {
-		a.log.Warn("cannot list the apps' listening sockets: the check that no unsupervised process serves is skipped",
+		k.log.Warn("cannot list the apps' listening sockets: the check that no unsupervised process serves is skipped",
 			"error", err)
 		return 0, nil
 	}
@@ -89,8 +105,8 @@ func (a *Agent) enforceHolders() (sockets int, killed []holder) {
 	for _, h := range socketHolders(socks, ancestors()) {
 		// Workers started since the scan count: the supervised set is read
 		// after the holders were found. An agent that stops has none.
-		if why := a.unsupervised(h); why != "" && !a.tearingDown.Load() {
-			if a.killHolder(h, why) {
+		if why := k.unsupervised(h); why != "" && !k.stopping.Load() {
+			if k.kill(h, why) {
 				killed = append(killed, h)
 			}
 		}
@@ -99,10 +115,10 @@ func (a *Agent) enforceHolders() (sockets int, killed []holder) {
 }
 
 // listeningSockets are the inodes of every app's listening sockets.
-func (a *Agent) listeningSockets() (map[uint64]appSocket, error) {
+func (k *holders) listeningSockets() (map[uint64]appSocket, error) {
 	out := map[uint64]appSocket{}
 	tcp := map[netip.AddrPort]appSocket{}
-	for _, rt := range a.appList() {
+	for _, rt := range k.apps() {
 		spec := rt.sup.Spec()
 		if spec == nil {
 			continue
@@ -200,8 +216,8 @@ func parentOf(pid int) (int, error) {
 // unsupervised says why h breaks the invariant, "" when it does not: it is
 // a worker of this agent or in one's unit, or this agent's child (a worker
 // it is starting: the shim before its exec).
-func (a *Agent) unsupervised(h holder) string {
-	for _, rt := range a.appList() {
+func (k *holders) unsupervised(h holder) string {
+	for _, rt := range k.apps() {
 		for _, p := range rt.sup.Processes() {
 			if p.PID == h.pid && p.StartTime == h.start || p.Unit != nil && procunit.Reopen(*p.Unit).Has(h.pid) {
 				return ""
@@ -211,15 +227,15 @@ func (a *Agent) unsupervised(h holder) string {
 	if ppid, err := parentOf(h.pid); err == nil && ppid == os.Getpid() {
 		return ""
 	}
-	if a.agentOfThisInstallation(h) {
+	if k.agentOfThisInstallation(h) {
 		return "" // a previous agent winding down: it closes its copies before it exits
 	}
 	why := "it is not a worker this agent supervises, nor a process of one"
 	if env, err := readEnviron(h.pid); err == nil {
 		vars := parseEnviron(env)
-		if m := vars[workers.EnvAgentID]; strings.HasPrefix(m, installation(a.settings.StateDir)+".") {
+		if m := vars[workers.EnvAgentID]; strings.HasPrefix(m, installation(k.stateDir)+".") {
 			why += fmt.Sprintf(" (a worker of app %q, slot %s, started by agent %s of this installation)",
-				vars["DEPLOYD_APP"], vars["DEPLOYD_WORKER"], strings.TrimPrefix(m, installation(a.settings.StateDir)+"."))
+				vars["DEPLOYD_APP"], vars["DEPLOYD_WORKER"], strings.TrimPrefix(m, installation(k.stateDir)+"."))
 		}
 	}
 	return why
@@ -228,16 +244,16 @@ func (a *Agent) unsupervised(h holder) string {
 // agentOfThisInstallation reports whether h is an agent that shares this
 // one's state_dir: its record names its pid and start time. An agent's
 // record outlives its copies of the listeners (teardown removes it last).
-func (a *Agent) agentOfThisInstallation(h holder) bool {
-	b, err := os.ReadFile(filepath.Join(a.recordsDir(), strconv.Itoa(h.pid)+".json"))
+func (k *holders) agentOfThisInstallation(h holder) bool {
+	b, err := os.ReadFile(filepath.Join(recordsDir(k.stateDir), strconv.Itoa(h.pid)+".json"))
 	var rec agentRecord
 	return err == nil && json.Unmarshal(b, &rec) == nil && rec.AgentPID == h.pid && rec.AgentStart == h.start
 }
 
-// killHolder SIGKILLs h through a pidfd, once that pidfd is known to be h
+// kill SIGKILLs h through a pidfd, once that pidfd is known to be h
 // (pid and start time) still holding the socket, and logs it. It reports
 // whether it killed.
-func (a *Agent) killHolder(h holder, why string) bool {
+func (k *holders) kill(h holder, why string) bool {
 	pfd, err := handoff.OpenPidfd(h.pid, h.start)
 	if err != nil {
 		return false // gone since the scan
@@ -247,7 +263,7 @@ func (a *Agent) killHolder(h holder, why string) bool {
 		return false // closed it since the scan: it no longer serves
 	}
 	cmd := command(h.pid)
-	log := a.log.With("app", h.sock.app, "listen", h.sock.listen, "pid", h.pid, "command", cmd, "why", why)
+	log := k.log.With("app", h.sock.app, "listen", h.sock.listen, "pid", h.pid, "command", cmd, "why", why)
 	if err := pfd.Signal(syscall.SIGKILL); err != nil {
 		if !errors.Is(err, handoff.ErrNotSameProcess) {
 			log.Error("a process holds an app's listening socket and no agent supervises it; it could not be killed",

@@ -13,7 +13,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
-	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
 )
 
@@ -49,7 +48,7 @@ func holdCopy(t *testing.T, l *net.TCPListener) (pid int, ino uint64) {
 
 // TestSocketHoldersAndTheirKill: the scan finds the process that holds a
 // copy of a listening socket (not the test itself, an ancestor), and
-// killHolder SIGKILLs it through a pidfd and logs app, pid, command and
+// holders.kill SIGKILLs it through a pidfd and logs app, pid, command and
 // why; a holder whose start time is not the process's is left alone.
 func TestSocketHoldersAndTheirKill(t *testing.T) {
 	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -64,18 +63,17 @@ func TestSocketHoldersAndTheirKill(t *testing.T) {
 		t.Fatalf("holders %+v, want pid %d holding inode %d alone", hs, pid, ino)
 	}
 	var out bytes.Buffer
-	a := &Agent{settings: config.Agent{StateDir: t.TempDir()},
-		log: hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})}
+	a := &holders{stateDir: t.TempDir(), log: hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})}
 	stale := hs[0]
 	stale.start++
-	if a.killHolder(stale, "a test") || !handoff.Running(pid, hs[0].start) {
-		t.Fatal("killHolder killed a process whose start time differs from the holder's")
+	if a.kill(stale, "a test") || !handoff.Running(pid, hs[0].start) {
+		t.Fatal("holders.kill killed a process whose start time differs from the holder's")
 	}
-	if !a.killHolder(hs[0], "a test") {
-		t.Fatalf("killHolder did not kill pid %d\n%s", pid, out.String())
+	if !a.kill(hs[0], "a test") {
+		t.Fatalf("holders.kill did not kill pid %d\n%s", pid, out.String())
 	}
 	if handoff.Running(pid, hs[0].start) {
-		t.Fatalf("pid %d still runs after killHolder", pid)
+		t.Fatalf("pid %d still runs after holders.kill", pid)
 	}
 	for _, want := range []string{"killed a process that held an app's listening socket", "app=web",
 		"pid=" + strconv.Itoa(pid), "command=", "sleep 60", "why=\"a test\""} {

@@ -28,7 +28,7 @@ import (
 // variable): whatever it started and left running when it exits (a
 // daemon, a background job) is killed then, and the hook fails with a
 // message that names each process left.
-func (a *Agent) execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookResult) error {
+func execHook(rt *appRT, app *config.App, h *hookRun, res *api.HookResult) error {
 	res.ExitStatus = "not started"
 	cred, err := credential(app)
 	if err != nil {

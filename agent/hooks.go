@@ -9,8 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
+	"github.com/deployd/deployd/release"
 	"github.com/deployd/deployd/workers"
 	"github.com/deployd/deployd/workers/logs"
 )
@@ -25,6 +28,16 @@ const (
 	hookSlot = -1
 )
 
+// hooks runs the apps' before and after hooks (hookexec.go starts and
+// stops each one) and keeps the after hooks that run or wait (after,
+// afterhook.go). It reaches an app only through the appRT it is handed,
+// and the releases' folders through the store it was built with.
+type hooks struct {
+	log      hclog.Logger
+	releases *release.Store
+	after    afterHooks
+}
+
 // hookRun is one hook to run: which, where, for which operation.
 type hookRun struct {
 	name     string // "before" or "after"
@@ -36,10 +49,10 @@ type hookRun struct {
 	previous string // the release serving when it started
 }
 
-// hookFor returns the run of app's hook name, nil when it has none.
-func (a *Agent) hookFor(app *config.App, name, op, version, previous string) *hookRun {
+// plan returns the run of app's hook name, nil when it has none.
+func (k *hooks) plan(app *config.App, name, op, version, previous string) *hookRun {
 	h := &hookRun{name: name, op: op, version: version, previous: previous,
-		dir: a.releases.Path(app.Name, version)}
+		dir: k.releases.Path(app.Name, version)}
 	switch name {
 	case "before":
 		h.argv, h.timeout = app.Hooks.Before, app.Hooks.BeforeTimeout
@@ -53,25 +66,25 @@ func (a *Agent) hookFor(app *config.App, name, op, version, previous string) *ho
 	return h
 }
 
-// runHook runs h as rt's app user in the release folder, its output
+// run runs h as rt's app user in the release folder, its output
 // going to the app's log (slot -1, each line prefixed "hook NAME: ") and
 // its last lines to the result. It announces its start and end to emit. An
-// after hook counts in a.hooks (a shutdown or upgrade waits for it), and
+// after hook counts in k.after (a shutdown or upgrade waits for it), and
 // none starts once the agent stops.
-func (a *Agent) runHook(rt *appRT, app *config.App, h *hookRun, emit func(workers.Event)) api.HookResult {
+func (k *hooks) run(rt *appRT, app *config.App, h *hookRun, emit func(workers.Event)) api.HookResult {
 	res := api.HookResult{Hook: h.name, Command: h.argv}
 	if h.name == "after" {
-		if !a.hooks.enter() {
+		if !k.after.enter() {
 			res.ExitStatus, res.Error = "not started", "after hook not run: the agent is stopping"
 			rt.log.Error("hook not run: the agent is stopping", "hook", h.name, "version", h.version)
 			return res
 		}
-		defer a.hooks.leave()
+		defer k.after.leave()
 	}
 	emit(workers.Event{Time: time.Now(), App: rt.name, Type: workers.EventKind(api.EventHook),
 		Release: h.version, Message: h.name + " hook started: " + strings.Join(h.argv, " ")})
 	t := time.Now()
-	err := a.execHook(rt, app, h, &res)
+	err := execHook(rt, app, h, &res)
 	res.DurationSeconds = time.Since(t).Seconds()
 	res.OK = err == nil
 	if err != nil {
@@ -208,13 +221,13 @@ func (a *Agent) rollWithHooks(rt *appRT, r roll, emit func(workers.Event)) *api.
 	prev := a.state.get(rt.name).Current
 	current := version == prev && len(rt.sup.Status().Workers) > 0
 	var hooks []api.HookResult
-	if h := a.hookFor(app, "before", op, version, prev); h != nil && !current {
+	if h := a.hooks.plan(app, "before", op, version, prev); h != nil && !current {
 		if r.created {
 			if err := chownRelease(h.dir, app); err != nil {
 				rt.log.Warn("give the release folder to the app's user", "error", err)
 			}
 		}
-		hr := a.runHook(rt, app, h, emit)
+		hr := a.hooks.run(rt, app, h, emit)
 		hooks = append(hooks, hr)
 		if !hr.OK {
 			if r.created {
@@ -230,8 +243,8 @@ func (a *Agent) rollWithHooks(rt *appRT, r roll, emit func(workers.Event)) *api.
 		}
 	}
 	res := a.rollTo(rt, r, emit)
-	if h := a.hookFor(app, "after", op, version, prev); h != nil && res.Status == r.okStatus {
-		hooks = append(hooks, a.runHook(rt, app, h, emit))
+	if h := a.hooks.plan(app, "after", op, version, prev); h != nil && res.Status == r.okStatus {
+		hooks = append(hooks, a.hooks.run(rt, app, h, emit))
 	}
 	res.Hooks = hooks
 	return res

@@ -14,11 +14,11 @@ import (
 // command runs neither, when node = "off" (the app drains itself), or when
 // the Node.js preload is on (node). The preload file is written (or checked)
 // under state_dir here; each worker start checks it again.
-func (a *Agent) jsSpec(app *config.App, argv []string, node bool) (*jsdrain.Spec, error) {
+func jsSpec(stateDir string, app *config.App, argv []string, node bool) (*jsdrain.Spec, error) {
 	if node || app.Node == nodejs.ModeOff {
 		return nil, nil
 	}
-	spec, err := jsdrain.Install(a.settings.StateDir, jsdrain.Detect(argv), unix.SignalName(app.StopSignal), app.StopTimeout)
+	spec, err := jsdrain.Install(stateDir, jsdrain.Detect(argv), unix.SignalName(app.StopSignal), app.StopTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("app %s: %w", app.Name, err)
 	}

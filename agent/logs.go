@@ -30,26 +30,27 @@ type logTarget struct {
 	journal bool // the app logs to the systemd journal, not to path
 }
 
-// logTargets returns the sinks of app (every app when ""), sorted by app:
-// stdout's and stderr's, or only the one of stream ("out" or "err"), or
-// the refusal of an unknown app.
-func (a *Agent) logTargets(app, stream string) ([]logTarget, error) {
+// logTargets returns the sinks of app (every app of rts when ""), sorted
+// by app: stdout's and stderr's, or only the one of stream ("out" or
+// "err"), or the refusal of an unknown app (of the config at cfgPath).
+// The files are in logDir.
+func logTargets(rts []*appRT, logDir, cfgPath, app, stream string) ([]logTarget, error) {
 	var out []logTarget
-	for _, rt := range a.appList() {
+	for _, rt := range rts {
 		name := rt.name
 		if app != "" && name != app {
 			continue
 		}
 		j := rt.cfg != nil && rt.cfg.Logs.Target == logs.TargetJournal
 		if stream != "err" {
-			out = append(out, logTarget{name, rt.out, filepath.Join(a.settings.LogDir, name+".out.log"), "out", j})
+			out = append(out, logTarget{name, rt.out, filepath.Join(logDir, name+".out.log"), "out", j})
 		}
 		if stream != "out" {
-			out = append(out, logTarget{name, rt.err, filepath.Join(a.settings.LogDir, name+".err.log"), "err", j})
+			out = append(out, logTarget{name, rt.err, filepath.Join(logDir, name+".err.log"), "err", j})
 		}
 	}
 	if app != "" && out == nil {
-		return nil, failWith(api.KindNotFound, "%s", a.noSuchApp(app))
+		return nil, failWith(api.KindNotFound, "%s", noSuchApp(cfgPath, rts, app))
 	}
 	return out, nil
 }
@@ -100,7 +101,7 @@ func (a *Agent) Logs(ctx, stop context.Context, req api.LogsRequest, out LogOut)
 	if req.Err {
 		stream = "err"
 	}
-	targets, err := a.logTargets(req.App, stream)
+	targets, err := logTargets(a.apps.list(), a.settings.LogDir, a.path, req.App, stream)
 	if err != nil {
 		return err
 	}
@@ -266,7 +267,7 @@ func (a *Agent) EmptyLogFiles(app string) (*api.LogFilesResult, error) {
 
 // logFiles applies op to the log files of app.
 func (a *Agent) logFiles(app, verb string, op func(*logs.Sink) error) (*api.LogFilesResult, error) {
-	targets, err := a.logTargets(app, "")
+	targets, err := logTargets(a.apps.list(), a.settings.LogDir, a.path, app, "")
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +297,7 @@ func logOptions(app *config.App) logs.Options {
 // applyLogSettings gives rt's log files app's [apps.NAME.logs] settings
 // when a reload from old changed them (they were kept until the next
 // agent start, while the reload said done).
-func (a *Agent) applyLogSettings(rt *appRT, old, app *config.App, emit func(workers.Event)) {
+func applyLogSettings(rt *appRT, old, app *config.App, emit func(workers.Event)) {
 	if old == nil || old.Logs == app.Logs || rt.out == nil || rt.err == nil {
 		return
 	}

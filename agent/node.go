@@ -13,11 +13,11 @@ import (
 // nodeSpec is the Node.js integration of app with command argv, nil when it
 // is off or the command does not run node. The preload file is written (or
 // checked) under state_dir here; each worker start checks it again.
-func (a *Agent) nodeSpec(app *config.App, argv []string, ls []handoff.Bound) (*nodejs.Spec, error) {
+func nodeSpec(stateDir string, app *config.App, argv []string, ls []handoff.Bound) (*nodejs.Spec, error) {
 	if !nodejs.Enabled(app.Node, argv) {
 		return nil, nil
 	}
-	p, err := nodejs.Install(a.settings.StateDir)
+	p, err := nodejs.Install(stateDir)
 	if err != nil {
 		return nil, fmt.Errorf("app %s: %w", app.Name, err)
 	}

@@ -18,7 +18,7 @@ import (
 // Scale sets how many workers the app runs (req.Instances: "N", "+N",
 // "-N", or api.ScaleReset for the config's count).
 func (a *Agent) Scale(_ context.Context, req api.ScaleRequest, emit func(workers.Event)) (*api.Result, error) {
-	rt, done, _, err := a.admit(req.App, rule{})
+	rt, done, _, err := a.admit(req.App, rule{op: "scale"})
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func (a *Agent) Scale(_ context.Context, req api.ScaleRequest, emit func(workers
 
 // Stop stops the app's workers until Start; the state file remembers it.
 func (a *Agent) Stop(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
-	return a.runOp(app, func(rt *appRT) error {
+	return a.runOp(app, "stop", func(rt *appRT) error {
 		err := rt.sup.Pause()
 		if err == nil {
 			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = true })
@@ -67,8 +67,8 @@ func (a *Agent) Stop(_ context.Context, app string, _ func(workers.Event)) (*api
 
 // Start starts the workers of a stopped app on its running config.
 func (a *Agent) Start(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
-	return a.runOp(app, func(rt *appRT) error {
-		spec, err := a.specFor(rt.config(), rt.running(), a.state.get(rt.name).Current)
+	return a.runOp(app, "start", func(rt *appRT) error {
+		spec, err := a.build.spec(rt.config(), rt.running(), a.state.get(rt.name).Current)
 		if err == nil {
 			err = rt.sup.Restart(spec)
 		}
@@ -84,7 +84,7 @@ func (a *Agent) Start(_ context.Context, app string, _ func(workers.Event)) (*ap
 
 // Restart replaces every worker of the app with a new one of the same spec.
 func (a *Agent) Restart(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
-	return a.runOp(app, func(rt *appRT) error {
+	return a.runOp(app, "restart", func(rt *appRT) error {
 		err := rt.sup.Restart(nil)
 		if err == nil {
 			err = a.state.update(rt.name, func(s *AppState) { s.Stopped = false })
@@ -94,8 +94,8 @@ func (a *Agent) Restart(_ context.Context, app string, _ func(workers.Event)) (*
 }
 
 // runOp admits an operation on app, runs op and returns its result.
-func (a *Agent) runOp(app string, op func(rt *appRT) error) (*api.Result, error) {
-	rt, done, _, err := a.admit(app, rule{})
+func (a *Agent) runOp(app, what string, op func(rt *appRT) error) (*api.Result, error) {
+	rt, done, _, err := a.admit(app, rule{op: what})
 	if err != nil {
 		return nil, err
 	}

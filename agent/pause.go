@@ -23,7 +23,7 @@ func (a *Agent) Pause(_ context.Context, req api.PauseRequest, _ func(workers.Ev
 	if req.MaxSeconds < 0 || req.MaxSeconds > maxPause.Seconds() {
 		return nil, failWith(api.KindUsage, "--max %gs: give a duration from 1ms to %s, or none to pause until deployd resume", req.MaxSeconds, maxPause)
 	}
-	rt, done, _, err := a.admit(req.App, rule{endsHold: true, lockIfFree: true})
+	rt, done, _, err := a.admit(req.App, rule{op: "pause", endsHold: true, lockIfFree: true})
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +45,7 @@ func (a *Agent) Pause(_ context.Context, req api.PauseRequest, _ func(workers.Ev
 // served first, in order, then new ones. An app that is not paused is left
 // as it is.
 func (a *Agent) Resume(_ context.Context, app string, _ func(workers.Event)) (*api.Result, error) {
-	rt, done, _, err := a.admit(app, rule{endsHold: true, lockIfFree: true})
+	rt, done, _, err := a.admit(app, rule{op: "resume", endsHold: true, lockIfFree: true})
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/deployd/deployd/internal/procstat"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/workers"
@@ -45,7 +47,7 @@ func (a *Agent) Reload(_ context.Context, req api.ReloadRequest, by Caller, emit
 			return nil, err
 		}
 	}
-	a.configNotices(cfg, emit)
+	configNotices(a.log, a.settings, cfg, emit)
 	added, results := a.buildApps(cfg, p.names)
 	taken, removed := a.apps.swap(added, p.gone)
 	for _, rt := range taken { // a concurrent reload added it first
@@ -53,7 +55,7 @@ func (a *Agent) Reload(_ context.Context, req api.ReloadRequest, by Caller, emit
 		results[rt.name] = appResult(rt.name, workers.ErrBusy)
 	}
 	res := &api.Result{OK: true, Apps: a.moveApps(cfg, p.names, results, strategy, req.Canary, emit)}
-	res.Apps = append(res.Apps, a.stopRemoved(removed, emit)...)
+	res.Apps = append(res.Apps, stopRemoved(a.state, removed, emit)...)
 	for _, r := range res.Apps {
 		if r.Outcome != api.OutcomeDone && r.Outcome != api.OutcomeHeld {
 			res.OK = false
@@ -98,13 +100,13 @@ func (a *Agent) planReload(cfg *config.Config, named []string) (reloadPlan, erro
 	return p, nil
 }
 
-// configNotices tells a reload what it does not apply, and the config's
-// warnings.
-func (a *Agent) configNotices(cfg *config.Config, emit func(workers.Event)) {
+// configNotices tells a reload what it does not apply (settings: the
+// [agent] settings the agent started with), and the config's warnings.
+func configNotices(log hclog.Logger, settings config.Agent, cfg *config.Config, emit func(workers.Event)) {
 	// [agent] settings (socket, state_dir, log_dir, ...) are read at agent
 	// start; a reload applies the apps only.
-	if cfg.Agent != a.settings {
-		a.log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
+	if cfg.Agent != settings {
+		log.Warn("[agent] settings changed in the config; they take effect at the next agent start or `deployd upgrade`")
 		emit(workers.Event{Time: time.Now(), App: "agent", Type: workers.EventKind(api.EventNotice),
 			Message: "[agent] settings changed; they take effect at the next agent start or `deployd upgrade`"})
 	}
@@ -114,7 +116,7 @@ func (a *Agent) configNotices(cfg *config.Config, emit func(workers.Event)) {
 }
 
 // buildApps builds the apps of names that the agent does not run yet
-// (newApp: listeners leased, logs open, nothing runs). An app that cannot
+// (builder.app: listeners leased, logs open, nothing runs). An app that cannot
 // be built gets its result.
 func (a *Agent) buildApps(cfg *config.Config, names []string) ([]*appRT, map[string]api.AppResult) {
 	var added []*appRT
@@ -123,7 +125,7 @@ func (a *Agent) buildApps(cfg *config.Config, names []string) ([]*appRT, map[str
 		if a.apps.get(n) != nil {
 			continue
 		}
-		rt, err := a.newApp(cfg, cfg.Apps[n])
+		rt, err := a.build.app(cfg, cfg.Apps[n])
 		if err != nil {
 			results[n] = appResult(n, err)
 			continue
@@ -161,7 +163,7 @@ func (a *Agent) moveApps(cfg *config.Config, names []string, done map[string]api
 // 0 a canary of that many workers. Only an outcome of done (or a promoted
 // canary) makes app the running config.
 func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int, emit func(workers.Event)) api.AppResult {
-	rt, done, _, err := a.admit(app.Name, rule{})
+	rt, done, _, err := a.admit(app.Name, rule{op: "reload"})
 	if err != nil {
 		return appResult(app.Name, err)
 	}
@@ -177,26 +179,26 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	if err != nil {
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
-	spec, err := a.specFor(app, lease, a.state.get(app.Name).Current)
+	spec, err := a.build.spec(app, lease, a.state.get(app.Name).Current)
 	if err != nil {
 		lease.Release()
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}
-	a.scaledNotice(app, emit)
+	scaledNotice(a.state, app, emit)
 	if canary > 0 {
 		return reloadCanary(rt, target{app: app, spec: spec, lease: lease}, strategy, canary, emit)
 	}
 	// The new workers' lines are written with the new [logs] settings;
 	// a reload that does not go through puts the old ones back.
 	old := rt.config()
-	a.applyLogSettings(rt, old, app, emit)
+	applyLogSettings(rt, old, app, emit)
 	err = rt.sup.Reload(spec, strategy, emit)
 	rt.settle(app, lease, err)
 	if app.DiscoversListen() {
-		a.syncLearned(app.Name, rt.running())
+		a.learn.sync(app.Name, rt.running())
 	}
 	if err != nil {
-		a.applyLogSettings(rt, app, old, discard)
+		applyLogSettings(rt, app, old, discard)
 	}
 	res := appResult(app.Name, err)
 	res.Release = spec.Release
@@ -208,8 +210,8 @@ func (a *Agent) running(name string) bool { return a.apps.get(name) != nil }
 
 // scaledNotice tells a reload of app that `deployd scale` set its count,
 // which goes on overriding the config's instances.
-func (a *Agent) scaledNotice(app *config.App, emit func(workers.Event)) {
-	n := a.state.get(app.Name).Instances
+func scaledNotice(state *stateFile, app *config.App, emit func(workers.Event)) {
+	n := state.get(app.Name).Instances
 	if n <= 0 || n == app.Instances {
 		return
 	}
@@ -218,14 +220,14 @@ func (a *Agent) scaledNotice(app *config.App, emit func(workers.Event)) {
 
 // stopRemoved stops the apps a reload took out of the app set. An app
 // removed forgets its scale and stop (its releases stay), so one added
-// again under its name starts from the config.
-func (a *Agent) stopRemoved(gone []*appRT, emit func(workers.Event)) []api.AppResult {
+// again under its name starts from the config (state).
+func stopRemoved(state *stateFile, gone []*appRT, emit func(workers.Event)) []api.AppResult {
 	var out []api.AppResult
 	for _, rt := range gone {
 		t := time.Now()
 		emit(workers.Event{Time: t, App: rt.name, Type: workers.EventKind(api.EventRemoved), Message: "no longer in the config; stopping"})
 		rt.discard()
-		if err := a.state.forget(rt.name); err != nil {
+		if err := state.forget(rt.name); err != nil {
 			rt.log.Error("removed app: its scaled count or stop stays recorded", "error", err)
 		}
 		out = append(out, api.AppResult{App: rt.name, Outcome: api.OutcomeDone, DurationSeconds: time.Since(t).Seconds()})

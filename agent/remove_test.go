@@ -20,7 +20,7 @@ func TestNamedReloadRemovesOnlyThatApp(t *testing.T) {
 		if err := a.state.update("a", func(s *AppState) { s.Instances = 2 }); err != nil {
 			t.Fatal(err)
 		}
-		bGen := a.appList()[1].sup.Spec().Generation
+		bGen := a.apps.list()[1].sup.Spec().Generation
 		writeConfig(t, dir, appTOML("b", sleep, "tcp://"+bAddr, ready))
 		res := reload(a, "a")
 		if !strings.Contains(res, `"type":"removed"`) || !strings.Contains(res, `"ok":true`) {
@@ -29,7 +29,7 @@ func TestNamedReloadRemovesOnlyThatApp(t *testing.T) {
 		if a.running("a") || !a.running("b") {
 			t.Errorf("after the reload of a: a runs %t, b runs %t; want only b", a.running("a"), a.running("b"))
 		}
-		if got := a.appList()[0].sup.Spec().Generation; got != bGen {
+		if got := a.apps.list()[0].sup.Spec().Generation; got != bGen {
 			t.Errorf("b was reloaded too: generation %d, was %d", got, bGen)
 		}
 		if s := a.state.get("a"); s.Instances != 0 {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/handoff"
-	"github.com/deployd/deployd/release"
 	"github.com/deployd/deployd/workers"
 )
 
@@ -24,7 +23,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 		a.log.Warn("config: " + w.String())
 	}
 	for d, what := range map[string]string{cfg.Agent.StateDir: "state (state_dir)", cfg.Agent.LogDir: "app logs (log_dir)"} {
-		if _, err := a.makeDir(d, what); err != nil {
+		if _, err := makeDir(a.log, d, what); err != nil {
 			return err
 		}
 	}
@@ -32,7 +31,10 @@ func (a *Agent) setup(cfg *config.Config) error {
 	if a.state, err = loadState(cfg.Agent.StateDir); err != nil {
 		return err
 	}
-	a.releases = &release.Store{Dir: filepath.Join(cfg.Agent.StateDir, "releases")}
+	a.learn = &learner{log: a.log, state: a.state, settings: a.settings,
+		apps: func() []*config.App { return appConfigs(a.apps.list()) }}
+	a.build = &builder{log: a.log, shim: a.shim, stateDir: cfg.Agent.StateDir, logDir: cfg.Agent.LogDir, reg: a.reg,
+		releases: a.releases, state: a.state, book: a.book, learn: a.learn}
 	if removed, err := a.releases.RemoveLeftovers(); err != nil { // of deploys cut short
 		a.log.Warn("remove staging folders of installs cut short", "error", err)
 	} else if len(removed) > 0 {
@@ -40,12 +42,13 @@ func (a *Agent) setup(cfg *config.Config) error {
 	}
 	// Before any app: a handover we cannot read must make this agent give
 	// up, so that the previous one keeps its workers.
-	if a.inherited, err = a.receiveHandover(); err != nil {
+	if a.inherited, err = a.takeover.receive(); err != nil {
 		return fmt.Errorf("read the previous agent's handover: %w", err)
 	}
-	if a.inherited == nil && len(a.found) > 0 {
-		a.inherited = a.adoptSurvivors() // an agent died: adopt what it left
+	if a.inherited == nil && len(a.survivors.found) > 0 {
+		a.inherited = a.survivors.adopt() // an agent died: adopt what it left
 	}
+	a.build.inherit(a.inherited)
 	handoff.RemoveStaleNotify(filepath.Join(cfg.Agent.StateDir, "run", "notify")) // a killed agent's
 	// Apps removed from the config while no agent ran.
 	for _, name := range a.state.names() {
@@ -57,7 +60,7 @@ func (a *Agent) setup(cfg *config.Config) error {
 	}
 	var rts []*appRT
 	for _, name := range cfg.AppNames {
-		rt, err := a.newApp(cfg, cfg.Apps[name])
+		rt, err := a.build.app(cfg, cfg.Apps[name])
 		if err != nil {
 			for _, rt := range rts {
 				rt.discard()
@@ -87,7 +90,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 				a.log.Warn("SIGHUP ignored: the agent is still starting its workers")
 				continue
 			case syscall.SIGUSR1:
-				a.rotateAll()
+				rotateAll(a.apps.list())
 				continue
 			}
 			a.log.Info("signal received during startup, stopping", "signal", sig)
@@ -95,7 +98,7 @@ func (a *Agent) startWatchingSignals(sigs <-chan os.Signal, stop <-chan struct{}
 			a.log.Info("shutdown requested during startup")
 		case <-stop:
 		}
-		eachApp(a.appList(), a.stopApp)
+		eachApp(a.apps.list(), func(rt *appRT) { stopApp(rt, a.quiet.Load()) })
 		<-done
 		return true, nil
 	}
@@ -115,11 +118,12 @@ func (a *Agent) startApps() error {
 	unhealthy := map[string]bool{}
 	if in := a.inherited; in != nil {
 		handed, pools, unhealthy, a.inherited = in.byApp, in.pools, in.unhealthy, nil
+		a.build.inherit(nil)
 	}
 	// Apps removed or stopped: their workers go once this agent took over.
-	defer func() { a.orphans = handed }()
+	defer func() { a.takeover.orphans = handed }()
 	adopt := map[*appRT][]*workers.Handover{}
-	for _, rt := range a.appList() {
+	for _, rt := range a.apps.list() {
 		if a.state.get(rt.name).Stopped {
 			rt.log.Info("app stopped by `deployd stop`; not starting it")
 			rt.sup.Restore(pools[rt.name])
@@ -158,4 +162,27 @@ func (a *Agent) startApps() error {
 			"restarts", st.Restarts, "in", time.Since(t).Round(time.Millisecond))
 	})
 	return errors.Join(errs...)
+}
+
+// load loads the config and resolves the agent's own binary once: it is
+// the workers' shim and what a handoff starts. tableflip starts os.Args[0],
+// so that becomes the resolved path (after a swap /proc/self/exe names the
+// backup, minio/minio#14778).
+func load(opts Options) (*config.Config, string, error) {
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return nil, "", err
+	}
+	if opts.Socket != "" {
+		cfg.Agent.Socket = opts.Socket
+	}
+	shim, err := os.Executable()
+	if err == nil {
+		shim, err = filepath.EvalSymlinks(shim)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("find own binary: %w", err)
+	}
+	os.Args[0] = shim
+	return cfg, shim, nil
 }

@@ -16,7 +16,7 @@ func (a *Agent) Status(app string) (*api.Status, error) {
 		Version: version.String(), PID: os.Getpid(), UptimeSeconds: time.Since(a.started).Seconds(),
 		Config: a.path, Socket: a.socket, RSSBytes: selfRSS(),
 	}, Apps: []api.App{}}
-	for _, rt := range a.appList() {
+	for _, rt := range a.apps.list() {
 		if app == "" || rt.name == app {
 			s := appStatus(rt)
 			s.Scaled = a.state.get(rt.name).Instances
@@ -24,7 +24,7 @@ func (a *Agent) Status(app string) (*api.Status, error) {
 		}
 	}
 	if app != "" && len(st.Apps) == 0 {
-		return nil, failWith(api.KindNotFound, "%s", a.noSuchApp(app))
+		return nil, failWith(api.KindNotFound, "%s", noSuchApp(a.path, a.apps.list(), app))
 	}
 	return st, nil
 }
@@ -42,7 +42,7 @@ type AppFigures struct {
 // Figures are every app's figures, sorted by app.
 func (a *Agent) Figures() []AppFigures {
 	var out []AppFigures
-	for _, rt := range a.appList() {
+	for _, rt := range a.apps.list() {
 		out = append(out, AppFigures{Status: appStatus(rt), Counters: rt.sup.Counters(), BalanceAsked: rt.config().Balance})
 	}
 	return out

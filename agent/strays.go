@@ -55,12 +55,12 @@ func installation(stateDir string) string {
 // strays lists the processes of this installation whose agent is gone,
 // other than known (recorded survivors, this agent's own workers) and
 // the processes a known worker left in its unit (units: their ids).
-func (a *Agent) strays(known map[int]bool, units map[string]bool) []survivor {
+func strays(stateDir string, known map[int]bool, units map[string]bool) []survivor {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	prefix := workers.EnvAgentID + "=" + installation(a.settings.StateDir) + "."
+	prefix := workers.EnvAgentID + "=" + installation(stateDir) + "."
 	var out []survivor
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())

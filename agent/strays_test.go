@@ -10,7 +10,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/deployd/deployd/agent/config"
 	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/workers"
 )
@@ -31,7 +30,6 @@ func startMarked(t *testing.T, leader bool, env ...string) int {
 
 func TestStraysAreFoundByTheirMarker(t *testing.T) {
 	dir := t.TempDir()
-	a := &Agent{settings: config.Agent{StateDir: dir}}
 	// A dead agent: a process that has exited (its pid, start time 1).
 	gone := exec.Command("true")
 	if err := gone.Run(); err != nil {
@@ -49,7 +47,7 @@ func TestStraysAreFoundByTheirMarker(t *testing.T) {
 	left := startMarked(t, true, dead, "DEPLOYD_APP=web", procunit.MarkerVar+"=0123456789abcdef")
 
 	found := map[int]survivor{}
-	for _, s := range a.strays(map[int]bool{known: true}, map[string]bool{"0123456789abcdef": true}) {
+	for _, s := range strays(dir, map[int]bool{known: true}, map[string]bool{"0123456789abcdef": true}) {
 		found[s.p.PID] = s
 	}
 	s, ok := found[stray]
@@ -81,7 +79,7 @@ func TestParseMarker(t *testing.T) {
 // setsid daemon of the stray's; here a sleep in a session of its own).
 func TestStrayRetiredWithWhatItLeft(t *testing.T) {
 	dir := t.TempDir()
-	a := &Agent{settings: config.Agent{StateDir: dir}, log: hclog.NewNullLogger()}
+	sv := &survivors{stateDir: dir, log: hclog.NewNullLogger()}
 	gone := exec.Command("true")
 	if err := gone.Run(); err != nil {
 		t.Fatal(err)
@@ -99,7 +97,7 @@ func TestStrayRetiredWithWhatItLeft(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { _ = daemon.Wait(); close(exited) }()
 	var ss []survivor
-	for _, s := range a.strays(nil, nil) {
+	for _, s := range strays(dir, nil, nil) {
 		if s.p.PID == stray {
 			ss = append(ss, s)
 		}
@@ -107,7 +105,7 @@ func TestStrayRetiredWithWhatItLeft(t *testing.T) {
 	if len(ss) != 1 || ss[0].p.Unit == nil || ss[0].p.Unit.ID == "" {
 		t.Fatalf("stray %d: found %+v, want it with its unit", stray, ss)
 	}
-	a.retire(ss, nil)
+	sv.retire(ss, nil)
 	select {
 	case <-exited:
 	case <-time.After(10 * time.Second):

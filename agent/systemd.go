@@ -9,6 +9,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/workers"
 )
@@ -21,22 +24,22 @@ const statusEvery = 5 * time.Second
 // environment, so that neither its workers nor a new agent after a handoff
 // see them. A new agent started by a handoff gets its sockets from the
 // previous agent instead.
-func (a *Agent) activation() []*handoff.Activated {
+func activation(log hclog.Logger, hasParent bool) []*handoff.Activated {
 	socks, skipped, err := handoff.ActivationFromEnv()
 	if err != nil {
-		a.log.Warn("socket activation: ignoring the sockets systemd passed", "error", err)
+		log.Warn("socket activation: ignoring the sockets systemd passed", "error", err)
 	}
 	for _, s := range skipped {
-		a.log.Warn("socket activation: descriptor ignored", "socket", s)
+		log.Warn("socket activation: descriptor ignored", "socket", s)
 	}
-	if a.upg.HasParent() {
+	if hasParent {
 		for _, s := range socks { // not possible: the previous agent cleared LISTEN_*
 			s.Close()
 		}
 		return nil
 	}
 	for _, s := range socks {
-		a.log.Info("socket activation: received socket", "socket", s.String())
+		log.Info("socket activation: received socket", "socket", s.String())
 	}
 	return socks
 }
@@ -49,7 +52,7 @@ func (a *Agent) afterSetup() error {
 			"(a reload that adds a matching listen URL takes it, an agent handoff drops it)", "socket", s)
 	}
 	var err error
-	a.metrics, err = a.listenMetrics(a.settings.Metrics)
+	a.metrics, err = listenMetrics(a.upg.Fds(), a.settings.Metrics)
 	return err
 }
 
@@ -57,18 +60,18 @@ func (a *Agent) afterSetup() error {
 // on addr; "" leaves metrics off. A busy address is an error (the agent
 // does not start). The listener crosses an agent handoff (tableflip), so
 // the new agent serves the same port without a gap.
-func (a *Agent) listenMetrics(addr string) (net.Listener, error) {
+func listenMetrics(fds fdStore, addr string) (net.Listener, error) {
 	if addr == "" {
 		return nil, nil
 	}
-	ln, err := a.upg.Fds().Listener("tcp", addr) // from the previous agent
+	ln, err := fds.Listener("tcp", addr) // from the previous agent
 	if err == nil && ln == nil {
 		ln, err = net.Listen("tcp", addr)
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, &handoff.AddrInUseError{URL: "[agent] metrics " + addr, Holder: handoff.Holder("tcp", addr), Err: err}
 		}
 		if err == nil {
-			if err = a.upg.Fds().AddListener("tcp", addr, ln.(*net.TCPListener)); err != nil {
+			if err = fds.AddListener("tcp", addr, ln.(*net.TCPListener)); err != nil {
 				ln.Close()
 			}
 		}
@@ -96,7 +99,7 @@ func (a *Agent) statusUpdates(stop <-chan struct{}) {
 	defer t.Stop()
 	last := ""
 	for {
-		if line := a.statusLine(); line != last {
+		if line := statusLine(a.apps.list()); line != last {
 			notify("STATUS=" + line)
 			last = line
 		}
@@ -110,8 +113,7 @@ func (a *Agent) statusUpdates(stop <-chan struct{}) {
 
 // statusLine is the agent's one-line state for `systemctl status`, e.g.
 // "serving 4 ready workers of 2 apps; api: reloading".
-func (a *Agent) statusLine() string {
-	rts := a.appList()
+func statusLine(rts []*appRT) string {
 	ready, others := 0, 0
 	var notes []string
 	for _, rt := range rts {
@@ -143,3 +145,6 @@ func plural(n int, what string) string {
 	}
 	return fmt.Sprintf("%d %ss", n, what)
 }
+
+// notify sends state to systemd when it gave us NOTIFY_SOCKET.
+func notify(state string) { _, _ = daemon.SdNotify(false, state) }

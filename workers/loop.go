@@ -21,6 +21,9 @@ type state struct {
 	// op is the running operation, nil when none: a second one is refused
 	// with a *BusyError that names it.
 	op *opInfo
+	// claim is the caller's operation that spans several calls, nil when
+	// none (claim.go): a second claim is refused.
+	claim *opInfo
 	// hold is the held canary, nil when none (canary.go); lastHold says how
 	// the last one ended, until the next operation begins.
 	hold     *hold
