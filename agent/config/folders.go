@@ -10,17 +10,19 @@ import (
 	"github.com/deployd/deployd/internal/safeopen"
 )
 
-// checkFolders refuses a state_dir, log_dir or env_file folder that an
-// app's user, a member or any user but root and the agent's can change
-// (safeopen.Trust.CheckFolder): whoever can rename or create entries on
-// such a path could swap a log, a state file or an env_file for a link to
-// a file only root may read or write. It runs once the whole config is
-// decoded, because the groups that may not write depend on every app.
+// checkFolders refuses a state_dir, log_dir, env_file or unix listener
+// folder that an app's user, a member or any user but root and the agent's
+// can change (safeopen.Trust.CheckFolder): whoever can rename or create
+// entries on such a path could swap a log, a state file, an env_file or
+// the folder root binds a socket in for a link to where only root may
+// read or write. It runs once the whole config is decoded, because the
+// groups that may not write depend on every app.
 func (d *decoder) checkFolders(c *Config) {
+	t := safeopen.Trust{UID: d.env.euid, GID: os.Getegid(), Untrusted: untrustedGroups(c)}
+	c.trust = t
 	if d.env.checkFolder == nil {
 		return
 	}
-	t := safeopen.Trust{UID: d.env.euid, GID: os.Getegid(), Untrusted: untrustedGroups(c)}
 	folder := func(key []string, value, dir, fix string) {
 		if err := d.env.checkFolder(t, dir); err != nil {
 			d.fail(key, strconv.Quote(value), hint(err, "%v, or %s", err, fix))
@@ -32,7 +34,24 @@ func (d *decoder) checkFolders(c *Config) {
 		if f := c.Apps[name].EnvFile; f != "" {
 			folder([]string{"apps", name, "env_file"}, f, filepath.Dir(f), "keep the env_file in a folder only root can write (e.g. /etc/deployd)")
 		}
+		for _, l := range c.Apps[name].Listen {
+			if l.Network == "unix" {
+				folder([]string{"apps", name, "listen"}, l.URL, filepath.Dir(l.Address), safeopen.SocketFolderFix)
+			}
+		}
 	}
+}
+
+// CheckSocketFolder checks the folders above a unix listener's socket path
+// as the config check did (checkFolders), with the groups of this config's
+// apps and socket_group: the agent runs it again right before it binds the
+// socket (handoff.Want.CheckFolder), since a folder may change after the
+// config loaded. The error wraps a *safeopen.UnsafeFolderError.
+func (c *Config) CheckSocketFolder(dir string) error {
+	if err := c.trust.CheckFolder(dir); err != nil {
+		return fmt.Errorf("%w, or %s", err, safeopen.SocketFolderFix)
+	}
+	return nil
 }
 
 // untrustedGroups names the groups that may not write a folder holding

@@ -33,9 +33,9 @@ func TestEnvFileThroughLinkedFolderRefused(t *testing.T) {
 	}
 }
 
-// A log_dir, state_dir or env_file folder that a user other than root can
-// write is refused, naming the folder, its owner and mode, and the fix; a
-// folder under /tmp (sticky) that root owns is fine.
+// A log_dir, state_dir, env_file or unix listener folder that a user other
+// than root can write is refused, naming the folder, its owner and mode,
+// and the fix; a folder under /tmp (sticky) that root owns is fine.
 func TestFoldersOthersCanWriteRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: it gives a folder to another user")
@@ -54,13 +54,14 @@ func TestFoldersOthersCanWriteRefused(t *testing.T) {
 		return err
 	}
 	good := "state_dir = \"" + base + "/state\"\nlog_dir = \"" + base + "/logs\"\n"
-	if err := load(good, "env_file = \""+base+"/web.env\"\n"); err != nil {
+	if err := load(good, "env_file = \""+base+"/web.env\"\nlisten = [\"unix://"+base+"/web.sock\"]\n"); err != nil {
 		t.Fatalf("root's folders under /tmp: %v", err)
 	}
 	for _, tc := range []struct{ name, agent, app, key string }{
 		{"log_dir", "state_dir = \"" + base + "/state\"\nlog_dir = \"" + user + "/logs\"\n", "", "agent.log_dir"},
 		{"state_dir", "state_dir = \"" + user + "\"\n", "", "agent.state_dir"},
 		{"env_file", good, "env_file = \"" + user + "/web.env\"\n", "apps.web.env_file"},
+		{"unix listen", good, "listen = [\"unix://" + user + "/web.sock\"]\n", "apps.web.listen"},
 	} {
 		err := load(tc.agent, tc.app)
 		for _, want := range []string{tc.key, "folder " + user + " (owner uid 4242", "mode drwxr-xr-x (0755)", "chown root " + user, "chmod go-w", "only root can write"} {

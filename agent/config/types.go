@@ -11,6 +11,7 @@ import (
 
 	"github.com/deployd/deployd/internal/addrpolicy"
 	"github.com/deployd/deployd/internal/procunit"
+	"github.com/deployd/deployd/internal/safeopen"
 )
 
 // Config is a loaded, validated deployd.toml.
@@ -24,6 +25,9 @@ type Config struct {
 	// Warnings are notes about a valid config that probably does not do
 	// what its author means (warnings.go).
 	Warnings []Problem
+	// trust is who besides root may write the folders root works in
+	// (checkFolders, CheckSocketFolder).
+	trust safeopen.Trust
 }
 
 // Agent holds the [agent] table.

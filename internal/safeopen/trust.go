@@ -39,6 +39,11 @@ func (e *UnsafeFolderError) Error() string {
 		e.Folder, account(e.UID, false), account(e.GID, true), modeString(e.Mode), e.Why, e.Fix)
 }
 
+// SocketFolderFix is the way out for a unix socket root binds in a folder
+// that someone other than root can change.
+const SocketFolderFix = "put the socket in a folder only root can write, such as /run/deployd " +
+	"(the workers get the socket as an open descriptor: the app's user needs no access to its folder)"
+
 // CheckFolder checks every existing component of the folder path, from "/"
 // down: each must be a folder (not a link) owned by root or t.UID, not
 // writable by others unless sticky (an ancestor like /tmp, whose next
