@@ -196,8 +196,10 @@ func noSuchApp(path string, apps []*appRT, name string) string {
 	return fmt.Sprintf("unknown app %q; apps in %s: %s", name, path, known)
 }
 
-// wants are the listeners app's config asks for.
-func wants(app *config.App) []handoff.Want {
+// wants are the listeners app's config asks for; checkFolder checks the
+// folders of a unix socket path before it is bound (nil: trusting no group,
+// handoff.Want).
+func wants(app *config.App, checkFolder func(dir string) error) []handoff.Want {
 	out := make([]handoff.Want, 0, len(app.Listen))
 	balance := app.Balance
 	if balance == handoff.BalanceAuto && !app.TrapsBind() {
@@ -205,7 +207,7 @@ func wants(app *config.App) []handoff.Want {
 	}
 	for _, l := range app.Listen {
 		out = append(out, handoff.Want{URL: l.URL, Network: l.Network, Address: l.Address, Name: l.Name,
-			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: balance})
+			Nonblocking: app.Nonblocking, NoDelay: app.TCPNoDelay, Balance: balance, CheckFolder: checkFolder})
 	}
 	return out
 }

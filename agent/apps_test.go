@@ -38,7 +38,7 @@ func TestFailedRollbackKeepsNewListenersOpen(t *testing.T) {
 	defer reg.Close()
 	shared, added := freeTCP(t), freeTCP(t)
 	lease := func(app *config.App) *handoff.Lease {
-		l, err := reg.Acquire("web", wants(app))
+		l, err := reg.Acquire("web", wants(app, nil))
 		if err != nil {
 			t.Fatal(err)
 		}

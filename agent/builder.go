@@ -68,7 +68,7 @@ func (b *builder) inheritedGeneration(app string) int {
 // against cfg: learn.go), opens its logs and builds its supervisor.
 // Nothing runs yet.
 func (b *builder) app(cfg *config.Config, app *config.App) (*appRT, error) {
-	lease, err := b.reg.Acquire(app.Name, wants(app))
+	lease, err := b.reg.Acquire(app.Name, wants(app, cfg.CheckSocketFolder))
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ func TestListenerNamesAreNotSharedState(t *testing.T) {
 	reg := handoff.NewRegistry(nil, nil, nil)
 	defer reg.Close()
 	app := &config.App{Name: "web", Listen: []config.Listen{{URL: "tcp://127.0.0.1:0#web", Network: "tcp", Address: "127.0.0.1:0", Name: "web"}}}
-	lease, err := reg.Acquire("web", wants(app))
+	lease, err := reg.Acquire("web", wants(app, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestListenerNamesAreNotSharedState(t *testing.T) {
 	go func() { _ = sup.Start() }()
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
-		next, err := reg.Acquire("web", wants(app))
+		next, err := reg.Acquire("web", wants(app, nil))
 		if err != nil {
 			t.Fatal(err)
 		}

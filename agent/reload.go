@@ -150,7 +150,7 @@ func (a *Agent) moveApps(cfg *config.Config, names []string, done map[string]api
 		}
 		wg.Go(func() {
 			t := time.Now()
-			results[i] = a.reloadApp(cfg.Apps[n], strategy, canary, emit)
+			results[i] = a.reloadApp(cfg, cfg.Apps[n], strategy, canary, emit)
 			results[i].DurationSeconds = time.Since(t).Seconds()
 		})
 	}
@@ -162,7 +162,7 @@ func (a *Agent) moveApps(cfg *config.Config, names []string, done map[string]api
 // in, never started) starts, a running one gets a reload, or with canary >
 // 0 a canary of that many workers. Only an outcome of done (or a promoted
 // canary) makes app the running config.
-func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int, emit func(workers.Event)) api.AppResult {
+func (a *Agent) reloadApp(cfg *config.Config, app *config.App, strategy workers.Strategy, canary int, emit func(workers.Event)) api.AppResult {
 	rt, done, _, err := a.admit(app.Name, rule{op: "reload"})
 	if err != nil {
 		return appResult(app.Name, err)
@@ -175,7 +175,7 @@ func (a *Agent) reloadApp(app *config.App, strategy workers.Strategy, canary int
 	}
 	// The new spec's lease: listeners the running config shares stay open
 	// through the reload, and those it adds close again unless it keeps them.
-	lease, err := a.reg.Acquire(app.Name, wants(app))
+	lease, err := a.reg.Acquire(app.Name, wants(app, cfg.CheckSocketFolder))
 	if err != nil {
 		return appResult(app.Name, fmt.Errorf("%w; nothing was changed", err))
 	}

@@ -120,6 +120,13 @@ var ErrAddressInUse = errors.New("handoff: address already in use")
 // O_NONBLOCK set as asked. An inherited socket keeps its flags. The listener is
 // registered in store so that it crosses the next handoff.
 func Acquire(store Store, network, address string, nonblocking bool) (*Listener, error) {
+	return acquire(store, Want{Network: network, Address: address, Nonblocking: nonblocking})
+}
+
+// acquire is Acquire for w: a unix socket it creates has its folders
+// checked with w.CheckFolder (openSocketDir).
+func acquire(store Store, w Want) (*Listener, error) {
+	network, address, nonblocking := w.Network, w.Address, w.Nonblocking
 	key := Key(network, address)
 	var l *Listener
 	if store != nil {
@@ -133,7 +140,7 @@ func Acquire(store Store, network, address string, nonblocking bool) (*Listener,
 	}
 	if l == nil {
 		var err error
-		if l, err = Open(network, address, nonblocking); err != nil {
+		if l, err = open(network, address, nonblocking, w.CheckFolder); err != nil {
 			return nil, err
 		}
 	}
@@ -159,8 +166,21 @@ func Adopt(f *os.File, network, address string) *Listener {
 
 // Open creates a listening socket. A busy address returns an error wrapping
 // ErrAddressInUse; a stale unix socket file (nobody accepting) is replaced.
+// A unix socket's folders are checked as openSocketDir does, trusting root and
+// the agent's own user and no group.
 func Open(network, address string, nonblocking bool) (*Listener, error) {
+	return open(network, address, nonblocking, nil)
+}
+
+// open is Open with checkFolder for a unix socket's folders (Want).
+func open(network, address string, nonblocking bool, checkFolder func(dir string) error) (*Listener, error) {
+	var dir *socketDir
 	if network == "unix" {
+		var err error
+		if dir, err = openSocketDir(address, checkFolder); err != nil {
+			return nil, err
+		}
+		defer dir.close()
 		if err := removeStaleUnix(address); err != nil {
 			return nil, err
 		}
@@ -177,6 +197,10 @@ func Open(network, address string, nonblocking bool) (*Listener, error) {
 	}
 	if ul, ok := ln.(*net.UnixListener); ok {
 		ul.SetUnlinkOnClose(false) // the socket file outlives this copy
+		if err := dir.holdsSocket(); err != nil {
+			ln.Close()
+			return nil, err
+		}
 	}
 	// Duplicate the descriptor, set the mode the workers get, and drop Go's
 	// copy: from here on nothing in the agent polls or accepts on it.

@@ -29,6 +29,11 @@ type Want struct {
 	// the address itself (steerbind.go); where it cannot, the listener is
 	// shared and the registry's log says why.
 	Balance string
+	// CheckFolder checks the folders above a unix socket path before the
+	// registry binds a socket there (config.Config.CheckSocketFolder: only
+	// root or the agent's user may be able to change them); nil checks
+	// them trusting root and the agent's own user and no group.
+	CheckFolder func(dir string) error
 }
 
 // Registry owns every listening socket of the agent (the model is
@@ -194,7 +199,7 @@ func (r *Registry) getLocked(app string, w Want) (*Listener, error) {
 		}
 	}
 	if err == nil && l == nil {
-		l, err = Acquire(r.store, w.Network, w.Address, w.Nonblocking)
+		l, err = acquire(r.store, w)
 		if err == nil && l.Inherited {
 			r.log.Info("listener inherited", "app", app, "listen", w.URL)
 		}
