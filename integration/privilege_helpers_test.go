@@ -65,7 +65,16 @@ func newMember(t *testing.T) *member {
 // Dir makes a folder the member owns (mode 0755), removed at the end.
 func (m *member) Dir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "deployd-member-")
+	dir := rootFolder(t, "deployd-member-")
+	m.Own(t, dir)
+	return dir
+}
+
+// rootFolder makes a new folder in the temporary folder, the agent's
+// (root's), mode 0755 whatever the umask, removed at the end.
+func rootFolder(t *testing.T, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +82,6 @@ func (m *member) Dir(t *testing.T) string {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m.Own(t, dir)
 	return dir
 }
 
@@ -96,13 +104,7 @@ func (m *member) Own(t *testing.T, path string) {
 // there, not what it holds).
 func rootOnlyDir(t *testing.T, mode fs.FileMode) string {
 	t.Helper()
-	parent, err := os.MkdirTemp("", "deployd-rootonly-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(parent) })
-	os.Chmod(parent, 0o755)
-	dir := filepath.Join(parent, "secret-release")
+	dir := filepath.Join(rootFolder(t, "deployd-rootonly-"), "secret-release")
 	if err := os.Mkdir(dir, mode); err != nil {
 		t.Fatal(err)
 	}

@@ -227,21 +227,22 @@ func TestDiscoveryMakesNoSocketAtAUsersPath(t *testing.T) {
 	}
 }
 
-// A unix listener in a folder the app's user can write: after the user
-// swapped the folder for a link into a root-only folder, closing the
-// listener no app uses removes nothing through the link. What the link
-// leads to is a root socket of the same name (another service's): the
-// agent removes only sockets, so only the folder opened without links
-// keeps that one (a regular file there would be left by the socket check
-// alone).
+// A unix listener in a folder that became the app user's while the agent
+// runs (a chown by mistake: the config check refuses such a folder up
+// front, TestUnixListenerInSwappedFolderRefused): after the user swapped
+// the folder for a link into a root-only folder, closing the listener no
+// app uses removes nothing through the link. What the link leads to is a
+// root socket of the same name (another service's): the agent removes
+// only sockets, so only the folder opened without links keeps that one (a
+// regular file there would be left by the socket check alone).
 func TestClosingAUnixListenerNeverFollowsALink(t *testing.T) {
 	parallel(t)
 	m := newMember(t)
-	run := filepath.Join(m.Dir(t), "run")
+	parent := rootFolder(t, "deployd-listen-")
+	run := filepath.Join(parent, "run")
 	if err := os.Mkdir(run, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m.Own(t, run)
 	sock := filepath.Join(run, "app.sock")
 	cfg := fmt.Sprintf("[apps.web]\ncommand = [\"%%TESTAPP%%\"]\ninstances = 1\nlisten = [\"unix://%s\"]\nuser = %q\n", sock, m.Name)
 	a := StartAgent(t, bins, cfg)
@@ -256,13 +257,9 @@ func TestClosingAUnixListenerNeverFollowsALink(t *testing.T) {
 	}
 	other.(*net.UnixListener).SetUnlinkOnClose(false)
 	defer other.Close()
-	// The app's user swaps its folder for a link.
-	if err := os.Rename(run, run+".old"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Dir(secret), run); err != nil {
-		t.Fatal(err)
-	}
+	// The folders become the app user's, who swaps the socket's for a link.
+	m.Own(t, parent)
+	asMember(t, m, fmt.Sprintf("mv %s %s.old && ln -s %s %s", run, run, filepath.Dir(secret), run))
 	// Root moves the app to a TCP port: the unix listener loses its last lease.
 	a.WriteConfig(appConfig("web", FreePort(t), 1, fmt.Sprintf("user = %q", m.Name)))
 	mustRun(t, a.CLIWithin(2*time.Minute, "reload", "web"), "reload to a tcp listener")

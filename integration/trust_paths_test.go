@@ -176,3 +176,75 @@ func TestMemberLogsNeverReadThroughALink(t *testing.T) {
 		t.Errorf("after the rotation web.err.log is %v, %v; want a file of the agent's", fi, err)
 	}
 }
+
+// The app's user owns the folder a unix listener is configured in and
+// swaps it for a link into a root-only 0700 folder: config check refuses
+// it before and after the swap, and so does the reload, naming the folder
+// and the fix; root binds nothing, so nothing appears in the root folder,
+// and the workers serve on as they were.
+func TestUnixListenerInSwappedFolderRefused(t *testing.T) {
+	parallel(t)
+	m := newMember(t)
+	port := FreePort(t)
+	victim := rootOnlyDir(t, 0o700)
+	inVictim := func() string {
+		ents, err := os.ReadDir(victim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return strings.Join(names, " ")
+	}
+	was := inVictim()
+	owned := m.Dir(t)
+	run := filepath.Join(owned, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m.Own(t, run)
+	sock := filepath.Join(run, "web.sock")
+	app := func(ver, listen string) string {
+		return fmt.Sprintf("[apps.web]\ncommand = [\"%%TESTAPP%%\"]\ninstances = 1\nlisten = [\"tcp://127.0.0.1:%d\"%s]\n"+
+			"user = %q\nenv = { TESTAPP_VERSION = %q }\nready_timeout = \"10s\"\nstop_timeout = \"10s\"\n", port, listen, m.Name, ver)
+	}
+	a := StartAgent(t, bins, app("v1", ""))
+	st := a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool { return AllReady(st, "web", 1) })
+	before := PIDs(appOf(st, "web"))
+
+	a.WriteConfig(app("v2", fmt.Sprintf(", \"unix://%s\"", sock)))
+	check := a.CLIWithin(30*time.Second, "config", "check", "-c", a.Config)
+	if check.Code != 2 {
+		t.Errorf("config check of a listener in the app user's folder: exit %d, want 2\n%s%s", check.Code, check.Stdout, check.Stderr)
+	}
+	wantFolderRefusal(t, "config check", check.Stderr, "apps.web.listen", owned, m)
+
+	asMember(t, m, fmt.Sprintf("mv %s %s.old && ln -s %s %s", run, run, victim, run))
+	r := a.CLIWithin(30*time.Second, "reload", "web")
+	t.Logf("deployd reload web: exit %d\n%s", r.Code, r.Stderr)
+	if r.Code == 0 {
+		t.Errorf("reload with a unix listener behind the app user's link: exit 0\n%s", r.Stdout)
+	}
+	wantFolderRefusal(t, "reload", r.Stderr, "apps.web.listen", owned, m)
+	if !strings.Contains(r.Stderr, "put the socket in a folder only root can write") {
+		t.Errorf("the reload's refusal lacks the way out:\n%s", r.Stderr)
+	}
+	check = a.CLIWithin(30*time.Second, "config", "check", "-c", a.Config)
+	if check.Code != 2 {
+		t.Errorf("config check after the swap: exit %d, want 2\n%s%s", check.Code, check.Stdout, check.Stderr)
+	}
+	wantFolderRefusal(t, "config check after the swap", check.Stderr, "apps.web.listen", owned, m)
+
+	if now := inVictim(); now != was {
+		t.Errorf("root made something in the root-only folder behind the link: %q, was %q", now, was)
+	}
+	after := appOf(a.Status(), "web")
+	if fmt.Sprint(PIDs(after)) != fmt.Sprint(before) {
+		t.Errorf("the refused reload changed web's workers: %v -> %v", before, PIDs(after))
+	}
+	if body, err := get(t, port, "/"); err != nil || !strings.HasPrefix(body, "version=v1 ") {
+		t.Errorf("web after the refused reload: %q, %v", body, err)
+	}
+}
