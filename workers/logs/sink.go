@@ -257,9 +257,8 @@ func (s *Sink) drop() {
 	s.overflow.Add(1)
 }
 
-// appendJournaled writes lines (of j's stream, up to j's offset upto) now,
-// this Sink alone (the lines' lane of j is lane),
-// after what is queued, and returns once they are written (or dropped and
+// appendJournaled writes lines (of j's stream, up to j's offset upto, in
+// j's lane lane) to this Sink alone, now, after what is queued, and returns once they are written (or dropped and
 // counted: a full disk); the Sink records the append in j just before the
 // write (Journal). While writing fails or stalls it queues them as Write
 // does: a disk that stalls or fails holds no worker, and exactly-once then
@@ -324,19 +323,6 @@ func (s *Sink) Flush(ctx context.Context) error {
 	return err
 }
 
-// lanes are the Sinks a journaled capture writes each batch to, in the
-// order of its journal's lanes: this one, then its twin if it has one. A
-// nil Sink has one lane, writing nowhere.
-func (s *Sink) lanes() []*Sink {
-	if s == nil {
-		return []*Sink{nil}
-	}
-	if t := s.twin.Load(); t != nil {
-		return []*Sink{s, t}
-	}
-	return []*Sink{s}
-}
-
 // Rotate writes what is queued, then renames the current file aside and
 // starts a new one (SIGUSR1, `deployd logs --rotate`).
 func (s *Sink) Rotate() error {
@@ -347,43 +333,6 @@ func (s *Sink) Rotate() error {
 // the rotated ones (`deployd logs --flush`).
 func (s *Sink) Truncate() error {
 	return s.do(context.Background(), reqTruncate, "truncate")
-}
-
-// Reconfigure writes what is queued, then goes on with o's Target,
-// Format, MaxSize, MaxFiles, MaxAge and Compress (a reload that changed
-// [apps.NAME.logs]); the path, buffers and logger stay. TargetBoth opens
-// a twin for the journal, another target closes it. On error the
-// previous settings stay in force.
-func (s *Sink) Reconfigure(o Options) error {
-	s.reconf.Lock()
-	defer s.reconf.Unlock()
-	old := s.twin.Load()
-	if o.Target != TargetBoth {
-		if err := s.reconfigure(o); err != nil {
-			return err
-		}
-		if old != nil {
-			s.twin.Store(nil)
-			return old.Close()
-		}
-		return nil
-	}
-	o.Target = TargetFiles
-	twin := old
-	if twin == nil {
-		var err error
-		if twin, err = OpenSink(s.twinOptions()); err != nil {
-			return fmt.Errorf("logs: reconfigure %s: %w", s.opts.Path, err)
-		}
-	}
-	if err := s.reconfigure(o); err != nil {
-		if old == nil {
-			_ = twin.Close()
-		}
-		return err
-	}
-	s.twin.Store(twin)
-	return nil
 }
 
 // reconfigure is Reconfigure of this Sink alone.
@@ -409,34 +358,6 @@ const (
 	TargetJournal = "journal"
 	TargetBoth    = "both"
 )
-
-// openBoth opens a Sink of TargetBoth: the files, with a twin Sink for the
-// journal.
-func openBoth(o Options) (*Sink, error) {
-	o.Target = TargetFiles
-	s, err := OpenSink(o)
-	if err != nil {
-		return nil, err
-	}
-	t, err := OpenSink(s.twinOptions())
-	if err != nil {
-		_ = s.Close()
-		return nil, err
-	}
-	s.twin.Store(t)
-	return s, nil
-}
-
-// twinOptions are the options of s's twin: the journal, with s's path (to
-// name it in messages), buffers and logger.
-func (s *Sink) twinOptions() Options {
-	return Options{Path: s.opts.Path, Target: TargetJournal, BufferLines: s.opts.BufferLines,
-		BufferBytes: s.opts.BufferBytes, Logger: s.opts.Logger}
-}
-
-// toJournal tells whether s writes to the systemd journal now (its target
-// may have changed since OpenSink: Reconfigure).
-func (s *Sink) toJournal() bool { return s.journald.Load() }
 
 // settle checks o's Format and Target and fills in their defaults and the
 // File that goes with the Target.
