@@ -54,6 +54,24 @@ func onceEach(t *testing.T, path string, fj *fakeJournal, prefix string, n int) 
 	}
 }
 
+// twoLanes is a journal of 2 lanes holding lines a 1 .. a 10 of the pipe,
+// none done yet.
+func twoLanes(t *testing.T) *Journal {
+	t.Helper()
+	j, err := NewJournal("out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	if err := j.use(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.fill(pipeOf(t, "a", 10)); err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
 // An agent with target = "both" is SIGKILLed after it wrote a batch of 10
 // lines to the files and marked them done in their lane, and before the
 // journal had all of them: before it recorded the journal's append, or
@@ -67,17 +85,7 @@ func TestBothKillBetweenThePlaces(t *testing.T) {
 	}{{"not recorded", false, 0}, {"recorded, none sent", true, 0}, {"recorded, 4 sent", true, 4}, {"recorded, all sent", true, 10}} {
 		t.Run(c.name, func(t *testing.T) {
 			path, fj := testPath(t), &fakeJournal{fail: 1 << 30}
-			j, err := NewJournal("out")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer j.Close()
-			if err := j.use(2); err != nil {
-				t.Fatal(err)
-			}
-			if err := j.fill(pipeOf(t, "a", 10)); err != nil {
-				t.Fatal(err)
-			}
+			j := twoLanes(t)
 			var lines []Line
 			k := deliver(j.pending, 0, DefaultMaxLine, false, func(s string) {
 				lines = append(lines, Line{Time: time.Now(), App: "web", PID: 77, Stream: "out", Text: s})
@@ -158,17 +166,7 @@ func TestBothTakesAJournalOfOneLane(t *testing.T) {
 // agent with lanes takes lane 1 for stale (its bytes may be given back
 // since) and starts it where lane 0 is.
 func TestJournalStaleLaneIsDropped(t *testing.T) {
-	j, err := NewJournal("out")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
-	if err := j.use(2); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.fill(pipeOf(t, "a", 10)); err != nil {
-		t.Fatal(err)
-	}
+	j := twoLanes(t)
 	if n := takeJournal(t, j).n; n != 2 {
 		t.Fatalf("a journal of 2 lanes read as %d", n)
 	}
