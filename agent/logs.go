@@ -27,7 +27,7 @@ type logTarget struct {
 	sink    *logs.Sink
 	path    string
 	stream  string
-	journal bool // the app logs to the systemd journal, not to path
+	journal bool // the app logs to the systemd journal only, not to path ("both" is read from path)
 }
 
 // logTargets returns the sinks of app (every app of rts when ""), sorted

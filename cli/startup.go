@@ -161,9 +161,9 @@ func SystemdUnits(cfg *config.Config, bin, name string, sockets bool) ([]Unit, e
 		"# what one leaves running (a setsid daemon) is found and killed when it exits; the\n" +
 		"# subtree is the agent's to manage.\n")
 	b.WriteString("Delegate=yes\n")
-	b.WriteString("# Apps with [apps.NAME.logs] target = \"journal\" log through the agent, so journald\n" +
-		"# counts all their lines against this unit's rate limit (by default 10000 in 30s)\n" +
-		"# and drops the rest, saying only \"Suppressed N messages\" in the journal. Off here:\n" +
+	b.WriteString("# Apps with [apps.NAME.logs] target = \"journal\" or \"both\" log through the agent,\n" +
+		"# so journald counts all their lines against this unit's rate limit (by default 10000\n" +
+		"# in 30s) and drops the rest, saying only \"Suppressed N messages\" in the journal. Off here:\n" +
 		"# every line that the output journal settles once must land once.\n")
 	b.WriteString("LogRateLimitIntervalSec=0\n")
 	fmt.Fprintf(&b, "# Longest ready_timeout (%s) and stop_timeout (%s) of the apps, plus a margin.\n", maxReady, maxStop)

@@ -131,6 +131,34 @@ func (c *spamCount) missing(pid int) int {
 	return n
 }
 
+// missingUpTo returns how many of pid's lines up to the last one seen
+// (upto) were not seen.
+func (c *spamCount) missingUpTo(pid int) (missing, upto int) {
+	counts := c.seen[pid]
+	for i := len(counts) - 1; i > 0; i-- {
+		if counts[i] > 0 {
+			upto = i
+			break
+		}
+	}
+	for _, v := range counts[1 : upto+1] {
+		if v == 0 {
+			missing++
+		}
+	}
+	return missing, upto
+}
+
+// completeFor reports whether each of pids (by slot) has all its lines.
+func (c *spamCount) completeFor(pids map[int]int) bool {
+	for _, pid := range pids {
+		if c.seen[pid] == nil || c.missing(pid) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // complete reports whether want pids each have all their lines.
 func (c *spamCount) complete(want int) bool {
 	if len(c.seen) < want {

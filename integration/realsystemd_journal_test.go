@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -19,7 +21,9 @@ import (
 // its own journald. Meanwhile the agent is SIGKILLed 3 times (systemd's
 // Restart= starts the next one, which adopts the workers and settles what
 // the dead one was sending) and upgraded once (systemctl reload: a
-// handoff to a new agent). journalctl must then show each line exactly
+// handoff to a new agent), and the app is reloaded once (`deployd reload
+// web`: 2 new workers write their 100 000 lines each; the 2 it replaced
+// stop at a chunk of theirs). journalctl must then show each line exactly
 // once, with its fields, and the agent's own log as structured entries
 // (what it said about web has DEPLOYD_APP=web).
 //
@@ -29,13 +33,34 @@ import (
 // cause of the repeats it once found was seen (an agent killed right after
 // it settled the batch a killed agent had sent in part).
 func TestRealSystemdJournalEveryLineOnce(t *testing.T) {
+	everyLineOnceUnderSystemd(t, "journal")
+}
+
+// TestRealSystemdBothEveryLineOnce is TestRealSystemdJournalEveryLineOnce
+// with target = "both": each line once in journalctl, with its fields,
+// and once in the log files (rotated every 4 MiB), through the same kills,
+// upgrade and reload. A kill that falls between a batch's write to the
+// files and its sending to the journal leaves the next agent the two
+// places' records in the worker's output journal to settle.
+func TestRealSystemdBothEveryLineOnce(t *testing.T) {
+	everyLineOnceUnderSystemd(t, "both")
+}
+
+// everyLineOnceUnderSystemd is the test of both: web's lines to target.
+func everyLineOnceUnderSystemd(t *testing.T, target string) {
 	parallelUnderLoad(t)
 	const workers, perWorker = 2, 100_000
 	port := FreePort(t)
-	a := NewAgentDir(t, bins, appConfig("web", port, workers, fmt.Sprintf(`env = { TESTAPP_LOG_SPAM = "%d" }
+	// A replaced worker stops at the end of a chunk of its lines; one
+	// killed at stop_timeout while it waited on its full pipe would leave
+	// a part of a line.
+	a := NewAgentDir(t, bins, appConfig("web", port, workers, fmt.Sprintf(`stop_timeout = "3m"
+env = { TESTAPP_LOG_SPAM = "%d", TESTAPP_TICK = "200ms" }
 [apps.web.logs]
-target = "journal"
-`, perWorker)))
+target = %q
+max_size = "4MiB"
+max_files = 1000
+`, perWorker, target)))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
 	if out, err := sd.run(bins.Deployd, "startup", "systemd", "-c", a.Config); err != nil {
 		t.Fatalf("deployd startup systemd: %v\n%s", err, out)
@@ -58,7 +83,7 @@ target = "journal"
 	t0 := time.Now()
 	sd.mustCtl("start", "deployd")
 	st := a.WaitFor("ready under systemd", 30*time.Second, func(st *api.Status) bool { return AllReady(st, "web", workers) })
-	pids := fmt.Sprint(PIDs(appOf(st, "web")))
+	pids := PIDs(appOf(st, "web"))
 
 	// last is the cursor of the app's newest entry: it moves while lines flow.
 	last := func() string {
@@ -77,11 +102,12 @@ target = "journal"
 			}
 		}
 	}
-	events := []string{"SIGKILL", "SIGKILL", "systemctl reload", "SIGKILL"}
+	events := []string{"SIGKILL", "deployd reload web", "SIGKILL", "systemctl reload", "SIGKILL"}
 	for i, ev := range events {
 		waitFlow(fmt.Sprintf("before event %d (%s)", i+1, ev))
 		old := st.Agent.PID
-		if ev == "SIGKILL" {
+		switch ev {
+		case "SIGKILL":
 			host := sd.hostPID(old)
 			if host == 0 {
 				t.Fatalf("event %d: agent pid %d not found on the machine", i+1, old)
@@ -89,8 +115,30 @@ target = "journal"
 			if err := syscall.Kill(host, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-		} else {
+		case "systemctl reload":
 			sd.mustCtl("reload", "deployd")
+		case "deployd reload web":
+			if r := a.CLIWithin(2*time.Minute, "reload", "web"); r.Code != 0 {
+				t.Fatalf("event %d: deployd reload web: exit %d\n%s%s", i+1, r.Code, r.Stdout, r.Stderr)
+			}
+			// The replaced workers' last lines are still being written
+			// after they exited (into the journal, a few thousand a
+			// second); an agent killed meanwhile loses them with the only
+			// copy of their output journals (RELIABILITY.md: seen here as
+			// a batch of each missing from the journal and not from the
+			// files). So the next kill waits until no worker drains.
+			st = a.WaitFor("the new workers, the old ones gone", 2*time.Minute, func(st *api.Status) bool {
+				return AllReady(st, "web", workers) && len(appOf(st, "web").Draining) == 0
+			})
+			next := PIDs(appOf(st, "web"))
+			for slot, pid := range next {
+				if pids[slot] == pid {
+					t.Fatalf("event %d: the reload kept worker %d (pid %d)", i+1, slot, pid)
+				}
+			}
+			pids = next
+			t.Logf("event %d (%s): workers %v at %s", i+1, ev, pids, time.Since(t0).Round(time.Millisecond))
+			continue
 		}
 		for deadline := time.Now().Add(30 * time.Second); !a.agentAnswers() || sd.mainPID("deployd") == old; time.Sleep(50 * time.Millisecond) {
 			if time.Now().After(deadline) {
@@ -100,8 +148,8 @@ target = "journal"
 		st = a.WaitFor("the next agent", 60*time.Second, func(st *api.Status) bool {
 			return st.Agent.PID != old && AllReady(st, "web", workers)
 		})
-		if got := fmt.Sprint(PIDs(appOf(st, "web"))); got != pids {
-			t.Fatalf("event %d (%s) replaced workers: %s, then %s", i+1, ev, pids, got)
+		if got := PIDs(appOf(st, "web")); fmt.Sprint(got) != fmt.Sprint(pids) {
+			t.Fatalf("event %d (%s) replaced workers: %v, then %v", i+1, ev, pids, got)
 		}
 		t.Logf("event %d (%s): agent %d -> %d at %s", i+1, ev, old, st.Agent.PID, time.Since(t0).Round(time.Millisecond))
 	}
@@ -113,7 +161,7 @@ target = "journal"
 		if c.total > total {
 			total, grew = c.total, time.Now()
 		}
-		if c.complete(workers) || time.Since(grew) > 20*time.Second {
+		if c.completeFor(pids) || time.Since(grew) > 20*time.Second {
 			break
 		}
 	}
@@ -129,26 +177,32 @@ target = "journal"
 	if bad > 0 {
 		t.Errorf("%d entries lack a field or have a wrong one", bad)
 	}
-	if len(c.bad) > 0 {
-		t.Errorf("%d unexpected entries, e.g. %q", len(c.bad), c.bad[:min(len(c.bad), 3)])
-	}
-	if len(c.seen) != workers {
-		t.Errorf("lines of %d pids, want %d", len(c.seen), workers)
-	}
-	for pid := range c.seen {
-		if m := c.missing(pid); m > 0 {
-			t.Errorf("pid %d: %d of %d lines missing", pid, m, perWorker)
-		}
-	}
-	if len(c.extra) > 0 {
-		t.Errorf("%d lines are in the journal more than once, e.g. %v", len(c.extra), firstKeys(c.extra, 3))
+	if !everyOnce(t, "journal", c, pids) {
 		logCopies(t, sd, c)
 	}
-	// deployd logs reads the journal for such an app: the last lines, in
-	// the text format.
-	if r := a.CLI("logs", "web", "-n", "3"); r.Code != 0 || strings.Count(r.Stdout, "] line ") != 3 || !strings.Contains(r.Stdout, "[web ") {
-		t.Errorf("deployd logs web -n 3: exit %d, want the app's last 3 lines from the journal:\n%s%s", r.Code, r.Stdout, r.Stderr)
+	if target == "both" {
+		// The files: every line the journal has, once, and nothing else
+		// (the files get each batch before the journal does).
+		logDir := filepath.Join(a.Dir, "logs")
+		f := newSpamCount("line", perWorker)
+		f.read(t, logFilesOf(t, logDir, "web.out"))
+		t.Logf("%d lines of %d workers in %d files", f.total, len(f.seen), f.files)
+		everyOnce(t, "files", f, pids)
+		for pid, counts := range c.seen {
+			if !slices.Equal(counts, f.seen[pid]) {
+				t.Errorf("pid %d: the journal and the files hold different lines", pid)
+			}
+		}
 	}
+	// deployd logs reads the journal for such an app (the files for
+	// "both"): the last lines, in the text format, and with -f (as the
+	// dashboard follows) the ticks the workers print after their lines.
+	lastLines := regexp.MustCompile(`(?m)\[web \d \d+\] (line|tick) \d \d+ \d+$`)
+	if r := a.CLI("logs", "web", "--out", "-n", "3"); r.Code != 0 || len(lastLines.FindAllString(r.Stdout, -1)) != 3 {
+		t.Errorf("deployd logs web --out -n 3: exit %d, want the app's last 3 lines:\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	f := startFollower(t, a, "web", "--out", "-f", "-n", "1")
+	f.waitCount(t, "deployd logs web -f", regexp.MustCompile(`\] tick \d \d+ \d+$`), 4, 30*time.Second)
 	// The agent's own log, under systemd, is structured as the apps'
 	// entries are: what it said about web has DEPLOYD_APP=web.
 	if out, _ := sd.run("journalctl", "--no-pager", "-q", "-o", "json", "--output-fields=MESSAGE,PRIORITY",
@@ -158,6 +212,36 @@ target = "journal"
 	if j := sd.journal("deployd"); strings.Contains(j, "Suppressed") {
 		t.Errorf("journald dropped messages of the unit (rate limit):\n%s", tailOf(j, 20))
 	}
+}
+
+// everyOnce checks c, the lines of where ("journal" or "files"): the
+// workers running now (pids, by slot) have all their lines, those a
+// reload replaced a first part of theirs (they stop at a chunk), each line
+// once, 4 workers in all. It reports whether no line is there twice.
+func everyOnce(t *testing.T, where string, c *spamCount, pids map[int]int) bool {
+	t.Helper()
+	if len(c.bad) > 0 {
+		t.Errorf("%s: %d unexpected lines, e.g. %q", where, len(c.bad), c.bad[:min(len(c.bad), 3)])
+	}
+	if len(c.seen) != 2*len(pids) {
+		t.Errorf("%s: lines of %d pids, want %d (the workers and those the reload replaced)", where, len(c.seen), 2*len(pids))
+	}
+	now := map[int]bool{}
+	for _, pid := range pids {
+		now[pid] = true
+	}
+	for pid := range c.seen {
+		if m, upto := c.missingUpTo(pid); now[pid] && m+c.perLine-upto > 0 {
+			t.Errorf("%s: pid %d: %d of %d lines missing", where, pid, m+c.perLine-upto, c.perLine)
+		} else if m > 0 {
+			t.Errorf("%s: pid %d (replaced): %d of its first %d lines missing", where, pid, m, upto)
+		}
+	}
+	if len(c.extra) > 0 {
+		t.Errorf("%s: %d lines are there more than once, e.g. %v", where, len(c.extra), firstKeys(c.extra, 3))
+		return false
+	}
+	return true
 }
 
 // countJournal tallies the app's entries in the journal, and counts those

@@ -18,14 +18,21 @@ import (
 // first out, so once a pipe was seen empty after that, the readers have
 // read all of the worker's bytes; its read end is then closed, which ends
 // the reader's blocked read after it delivered what it read. A pipe that
-// is never seen empty (a writer outside outpaces the reader) is cut after
-// outputMax.
+// is never seen empty (a writer outside outpaces the reader) is cut once
+// its reader no longer gains on it for outputStall, or after outputMax.
 
-// outputPoll is how often drainOutput looks whether a channel is empty,
-// and outputMax how long it waits in all.
+// outputPoll is how often drainOutput looks whether a channel is empty;
+// outputStall is how long it waits while no reader moves on (no channel
+// not yet seen empty holds fewer unread bytes than it ever did), and
+// outputMax how long it waits in all. A reader into the systemd journal
+// takes a few thousand lines a second, so a worker that exits with its
+// 1 MiB pipe full (handoff.PipeSize) is read to the end for tens of
+// seconds; cut at a fixed 10 s, the rest of it was lost, the line read
+// last cut in two (a replaced worker in TestRealSystemdBothEveryLineOnce).
 const (
-	outputPoll = 5 * time.Millisecond
-	outputMax  = 10 * time.Second
+	outputPoll  = 5 * time.Millisecond
+	outputStall = 10 * time.Second
+	outputMax   = 2 * time.Minute
 )
 
 // drainOutput waits until the readers of the worker's channels (chans:
@@ -35,28 +42,12 @@ const (
 func (w *Worker) drainOutput(readers *sync.WaitGroup, chans, ends []*os.File) {
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
-	tick := time.NewTicker(outputPoll)
-	defer tick.Stop()
-	limit := time.NewTimer(outputMax)
-	defer limit.Stop()
-	seenEmpty := make([]bool, len(chans))
-	for wait := true; wait; {
-		select {
-		case <-drained:
-			wait = false
-			continue
-		case <-tick.C:
-			if !allSeenEmpty(chans, seenEmpty) {
-				continue
-			}
-		case <-limit.C:
-		}
+	if !awaitRead(drained, chans, outputStall, outputMax) {
 		// Closing the read ends ends the readers' blocked reads; the
 		// journals stay open until the readers have delivered.
 		w.pz.seal()
 		closeFiles(chans...)
 		<-drained
-		wait = false
 	}
 	// The readers leave their ends to this, and a handoff that passes
 	// them on (this worker died during it) holds them: closed earlier,
@@ -66,18 +57,56 @@ func (w *Worker) drainOutput(readers *sync.WaitGroup, chans, ends []*os.File) {
 	closeFiles(ends...)
 }
 
-// allSeenEmpty marks in seen each of chans that holds no unread byte now
+// awaitRead waits until drained is closed (true: the readers ended), or
+// (false) until every one of chans was seen empty, no reader moved on for
+// stall, or max passed.
+func awaitRead(drained <-chan struct{}, chans []*os.File, stall, max time.Duration) bool {
+	tick := time.NewTicker(outputPoll)
+	defer tick.Stop()
+	moving := time.NewTimer(stall)
+	defer moving.Stop()
+	limit := time.NewTimer(max)
+	defer limit.Stop()
+	seenEmpty := make([]bool, len(chans))
+	least := make([]int, len(chans)) // the fewest unread bytes seen in each
+	for {
+		select {
+		case <-drained:
+			return true
+		case <-tick.C:
+			all, moved := scanChans(chans, seenEmpty, least)
+			if moved {
+				moving.Reset(stall)
+			}
+			if all {
+				return false
+			}
+		case <-moving.C:
+			return false
+		case <-limit.C:
+			return false
+		}
+	}
+}
+
+// scanChans marks in seen each of chans that holds no unread byte now
 // (FIONREAD; a closed one counts as empty) and reports whether all were
-// seen empty at least once.
-func allSeenEmpty(chans []*os.File, seen []bool) bool {
-	all := true
+// seen empty at least once, and whether one not seen empty yet holds
+// fewer unread bytes than least tells (its reader moved on; least is
+// updated).
+func scanChans(chans []*os.File, seen []bool, least []int) (all, moved bool) {
+	all = true
 	for i, f := range chans {
 		if !seen[i] {
-			seen[i] = unreadBytes(f) == 0
+			n := unreadBytes(f)
+			seen[i] = n == 0
+			if n > 0 && (least[i] == 0 || n < least[i]) {
+				least[i], moved = n, true
+			}
 		}
 		all = all && seen[i]
 	}
-	return all
+	return all, moved
 }
 
 // unreadBytes is the number of bytes waiting in pipe or stream socket f

@@ -259,12 +259,10 @@ func (d *decoder) logs(p toml.Primitive, key []string, l *Logs) {
 	}
 	if t, ok := get[string](d, raw.Target, k("target")); ok {
 		switch t {
-		case "files", "journal":
+		case "files", "journal", "both":
 			l.Target = t
-		case "both":
-			d.fail(k("target"), strconv.Quote(t), hint(nil, `not supported yet (each line exactly once into two places takes a record per place); use "journal" and read it with journalctl, or "files" and let journald's forwarding or a shipper read them`))
 		default:
-			d.fail(k("target"), strconv.Quote(t), hint(nil, `unknown log target; use "files" (log_dir) or "journal" (the systemd journal)`))
+			d.fail(k("target"), strconv.Quote(t), hint(nil, `unknown log target; use "files" (log_dir), "journal" (the systemd journal) or "both"`))
 		}
 	}
 	d.size(raw.MaxSize, k("max_size"), &l.MaxSize, false)

@@ -165,8 +165,7 @@ func TestErrors(t *testing.T) {
 		{"no socket group", "[agent]\nsocket_group = \"no-such-group-xyz\"", 2, "agent.socket_group", "no such group"},
 		// logs
 		{"log format", web + "[apps.web.logs]\nformat = \"xml\"", 4, `apps.web.logs.format = "xml"`, `unknown log format; use "text", "raw", "json" or "pm2-json"`},
-		{"log target", web + "[apps.web.logs]\ntarget = \"syslog\"", 4, `apps.web.logs.target = "syslog"`, `unknown log target; use "files" (log_dir) or "journal"`},
-		{"log target both", web + "[apps.web.logs]\ntarget = \"both\"", 4, `apps.web.logs.target = "both"`, `not supported yet`},
+		{"log target", web + "[apps.web.logs]\ntarget = \"syslog\"", 4, `apps.web.logs.target = "syslog"`, `unknown log target; use "files" (log_dir), "journal" (the systemd journal) or "both"`},
 		// command, cwd, env
 		{"no command", "[apps.web]\ncwd = \"srv\"", 1, "apps.web.command", "missing: every app needs the program to run"},
 		{"empty command", "[apps.web]\ncommand = []", 2, "apps.web.command", "empty: name the program first"},
@@ -423,6 +422,7 @@ backoff = "1s"
 max_restarts = 0
 [apps.web.logs]
 format = "json"
+target = "both"
 max_size = "1.5KB"
 max_age = "168h"
 compress = true
@@ -432,7 +432,7 @@ compress = true
 		a.Ready.Regex.MatchString("listening on 80"), a.StopSignal == syscall.SIGQUIT, a.Nonblocking,
 		a.MaxMemory, a.CPUAffinity, a.User, a.Group, a.Watchdog, a.Restart.Backoff,
 		a.Restart.MaxRestarts, a.Logs, a.CanaryTimeout, a.CanaryAction)
-	want := "[A=x=y MODE=prod] 2 admin web log true true true 536870912 true root 0 10s 1s 0 {json files 1500 10 168h0m0s true} 15m0s promote\n"
+	want := "[A=x=y MODE=prod] 2 admin web log true true true 536870912 true root 0 10s 1s 0 {json both 1500 10 168h0m0s true} 15m0s promote\n"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}

@@ -227,7 +227,7 @@ type Health struct {
 // Logs is the [apps.NAME.logs] table.
 type Logs struct {
 	Format   string // "text" (default), "raw", "json" or "pm2-json"
-	Target   string // "files" (default) or "journal"
+	Target   string // "files" (default), "journal" or "both"
 	MaxSize  int64  // bytes before rotation, default 100 MiB
 	MaxFiles int    // rotated files kept, default 10
 	MaxAge   time.Duration

@@ -34,16 +34,35 @@ import (
 // The header is one pwrite within the memfd's first page, which a SIGKILL
 // cannot tear. A Journal is used by one reader goroutine at a time; its
 // header is written under mu because the Sink's writer records the append.
+//
+// A stream logged to two places (target = "both": the files and the
+// systemd journal) has a lane per place, each with its own done offset and
+// recorded append, written in the same pwrite: a line is written to the
+// files, marked done in their lane, then sent to the journal and marked
+// done in its lane. An agent killed between the two leaves one lane
+// behind; the next agent settles each lane's append with its own place
+// and gives the lane behind the lines the other has, so each place gets
+// every line once.
 type Journal struct {
 	f *os.File
 
 	mu      sync.Mutex
-	done    int64 // journal offset up to which the bytes are in the log
+	lanes   [maxLanes]lane
+	n       int   // lanes in use: 1, or 2 for a Sink with a twin
 	end     int64 // journal offset after the last byte spliced in
 	punched int64 // the pages before it were given back
 	pending []byte
-	rec     *Append // the append of the last crash, until Resolve
+	pbase   int64 // the journal offset of pending[0]: the lowest done
 }
+
+// lane is the progress of one place a stream's lines go to.
+type lane struct {
+	done int64   // journal offset up to which the bytes are in that place
+	rec  *Append // the append being made, or the one a dead agent was making, until settled
+}
+
+// maxLanes is how many places a stream's lines go to at most.
+const maxLanes = 2
 
 // Append is an append of a journal's bytes to a log file, as recorded
 // before it is written.
@@ -55,10 +74,18 @@ type Append struct {
 }
 
 const (
-	journalMagic = 0x444a4c31 // "DJL1"
+	journalMagic = 0x444a4c31 // "DJL1": lane 0, as every agent with journals writes it
+	laneMagic    = 0x444a4c32 // "DJL2": lane 1, beside lane 0
 	journalData  = 4096       // the data starts after the header's page
-	headerSize   = 4 + 8 + 1 + 8 + 8 + 8 + 8 + sha256.Size + 8
-	spliceMax    = 64 << 10 // bytes moved from the pipe per splice
+	blockSize    = 4 + 8 + 1 + 8 + 8 + 8 + 8 + sha256.Size + 8
+	// lane1Off is where lane 1's block starts: past lane 0's, which an
+	// agent older than lanes writes alone (it leaves the rest of the page
+	// as it is). Lane 1's block ends with the lane 0 done it was written
+	// with: when lane 0's differs, an older agent moved lane 0 on since
+	// (a failed upgrade), and lane 1 is stale.
+	lane1Off   = 128
+	headerSize = lane1Off + blockSize + 8
+	spliceMax  = 64 << 10 // bytes moved from the pipe per splice
 	// maxJournal bounds what a journal taken from a worker may hold
 	// unwritten: a dead agent moved at most spliceMax past a partial line.
 	maxJournal = 4 << 20
@@ -70,12 +97,19 @@ func NewJournal(name string) (*Journal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("logs: journal: memfd_create: %w", err)
 	}
-	j := &Journal{f: os.NewFile(uintptr(fd), "journal-"+name), done: journalData, end: journalData, punched: journalData}
-	if err := j.writeHeader(nil); err != nil {
+	j := &Journal{f: os.NewFile(uintptr(fd), "journal-"+name)}
+	j.reset()
+	if err := j.writeHeader(); err != nil {
 		j.f.Close()
 		return nil, err
 	}
 	return j, nil
+}
+
+// reset makes j empty, with one lane.
+func (j *Journal) reset() {
+	j.lanes, j.n = [maxLanes]lane{{done: journalData}}, 1
+	j.end, j.punched, j.pending, j.pbase = journalData, journalData, nil, journalData
 }
 
 // OpenJournal takes the journal in f (copied from a worker after a crash,
@@ -91,12 +125,13 @@ func OpenJournal(f *os.File) (*Journal, error) {
 		return nil, fmt.Errorf("logs: journal: %q is not a deployd journal", name)
 	}
 	j := &Journal{f: f}
+	j.reset()
 	if err := j.load(); err != nil {
-		j.done, j.end, j.punched, j.pending, j.rec = journalData, journalData, journalData, nil, nil
+		j.reset()
 		if terr := f.Truncate(journalData); terr != nil {
 			return nil, errors.Join(err, terr)
 		}
-		if herr := j.writeHeader(nil); herr != nil {
+		if herr := j.writeHeader(); herr != nil {
 			return nil, errors.Join(err, herr)
 		}
 		return j, err
@@ -119,27 +154,28 @@ func (j *Journal) load() error {
 	if err != nil {
 		return fmt.Errorf("logs: journal: %w", err)
 	}
-	done, end := int64(binary.LittleEndian.Uint64(h[4:])), max(st.Size(), journalData)
-	var rec *Append
-	if h[12] == 1 {
-		rec = &Append{}
-		rec.Dev = binary.LittleEndian.Uint64(h[13:])
-		rec.Ino = binary.LittleEndian.Uint64(h[21:])
-		rec.Off = int64(binary.LittleEndian.Uint64(h[29:]))
-		rec.Len = int64(binary.LittleEndian.Uint64(h[37:]))
-		copy(rec.Sum[:], h[45:45+sha256.Size])
-		rec.Upto = int64(binary.LittleEndian.Uint64(h[45+sha256.Size:]))
+	end := max(st.Size(), journalData)
+	lanes, n := [maxLanes]lane{readBlock(h[0:])}, 1
+	b1 := h[lane1Off:]
+	if binary.LittleEndian.Uint32(b1) == laneMagic && int64(binary.LittleEndian.Uint64(b1[blockSize:])) == lanes[0].done {
+		lanes[1], n = readBlock(b1), 2
 	}
-	if done < journalData || done > end || end-done > maxJournal ||
-		(rec != nil && (rec.Upto < done || rec.Upto > end)) {
-		return fmt.Errorf("logs: journal: inconsistent header (done %d, end %d)", done, end)
+	base := lanes[0].done
+	for _, l := range lanes[:n] {
+		if l.done < journalData || l.done > end || (l.rec != nil && (l.rec.Upto < l.done || l.rec.Upto > end)) {
+			return fmt.Errorf("logs: journal: inconsistent header (done %d, end %d)", l.done, end)
+		}
+		base = min(base, l.done)
 	}
-	pending := make([]byte, end-done)
-	if _, err := j.f.ReadAt(pending, done); err != nil {
+	if end-base > maxJournal {
+		return fmt.Errorf("logs: journal: inconsistent header (done %d, end %d)", base, end)
+	}
+	pending := make([]byte, end-base)
+	if _, err := j.f.ReadAt(pending, base); err != nil {
 		return fmt.Errorf("logs: journal: %w", err)
 	}
-	j.done, j.end, j.pending, j.rec = done, end, pending, rec
-	j.punched = max(j.punched, done-done%journalData)
+	j.lanes, j.n, j.end, j.pending, j.pbase = lanes, n, end, pending, base
+	j.punched = max(j.punched, base-base%journalData)
 	return nil
 }
 
@@ -149,20 +185,14 @@ func (j *Journal) File() *os.File { return j.f }
 // Close closes the memfd (the agent's copy).
 func (j *Journal) Close() error { return j.f.Close() }
 
-// writeHeader records done and, when rec is not nil, an append in flight.
-// Called with mu held, or before the Journal is shared.
-func (j *Journal) writeHeader(rec *Append) error {
+// writeHeader writes every lane's done offset and recorded append, in one
+// pwrite. Called with mu held, or before the Journal is shared.
+func (j *Journal) writeHeader() error {
 	var h [headerSize]byte
-	binary.LittleEndian.PutUint32(h[0:], journalMagic)
-	binary.LittleEndian.PutUint64(h[4:], uint64(j.done))
-	if rec != nil {
-		h[12] = 1
-		binary.LittleEndian.PutUint64(h[13:], rec.Dev)
-		binary.LittleEndian.PutUint64(h[21:], rec.Ino)
-		binary.LittleEndian.PutUint64(h[29:], uint64(rec.Off))
-		binary.LittleEndian.PutUint64(h[37:], uint64(rec.Len))
-		copy(h[45:], rec.Sum[:])
-		binary.LittleEndian.PutUint64(h[45+sha256.Size:], uint64(rec.Upto))
+	putBlock(h[0:], journalMagic, j.lanes[0])
+	if j.n > 1 {
+		putBlock(h[lane1Off:], laneMagic, j.lanes[1])
+		binary.LittleEndian.PutUint64(h[lane1Off+blockSize:], uint64(j.lanes[0].done))
 	}
 	if _, err := j.f.WriteAt(h[:], 0); err != nil {
 		return fmt.Errorf("logs: journal: header: %w", err)
@@ -171,22 +201,25 @@ func (j *Journal) writeHeader(rec *Append) error {
 }
 
 // record notes that data, which holds the journal's bytes up to upto, is
-// about to be appended at pos.
-func (j *Journal) record(pos FilePos, data []byte, upto int64) error {
+// about to be appended at pos, the place of lane i.
+func (j *Journal) record(i int, pos FilePos, data []byte, upto int64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.writeHeader(&Append{Dev: pos.Dev, Ino: pos.Ino, Off: pos.Size, Len: int64(len(data)),
-		Sum: sha256.Sum256(data), Upto: upto})
+	j.lanes[i].rec = &Append{Dev: pos.Dev, Ino: pos.Ino, Off: pos.Size, Len: int64(len(data)),
+		Sum: sha256.Sum256(data), Upto: upto}
+	return j.writeHeader()
 }
 
-// commit notes that the journal's bytes up to upto are in the log (or were
-// dropped, and counted), and gives back the memory of the pages done.
-func (j *Journal) commit(upto int64) error {
+// commit notes that the journal's bytes up to upto are in lane i's place
+// (or were dropped, and counted), and gives back the memory of the pages
+// every lane is done with.
+func (j *Journal) commit(i int, upto int64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.done = upto
-	err := j.writeHeader(nil)
-	if page := j.done - j.done%journalData; page-j.punched >= punchEvery || (page > j.punched && j.done == j.end) {
+	j.lanes[i] = lane{done: upto}
+	err := j.writeHeader()
+	done := j.base()
+	if page := done - done%journalData; page-j.punched >= punchEvery || (page > j.punched && done == j.end) {
 		_ = unix.Fallocate(int(j.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, j.punched, page-j.punched)
 		j.punched = page
 	}
@@ -259,7 +292,8 @@ func (j *Journal) add(p []byte) error {
 // CaptureJournaled is Capture for a worker's output pipe r that has a
 // journal: bytes go from r into j, and each batch of complete lines (and
 // chunks of over-long ones, as Capture cuts them) is given to fn line by
-// line, then written to sink (nil: none) and only then marked done in j.
+// line, then written to sink (nil: none; with a twin, to both: each has
+// its lane in j) and only then marked done in j.
 // No byte is ever held only in the agent's memory, so an agent SIGKILL
 // loses nothing and repeats nothing: the next agent settles the append j
 // records (Sink.Resolve) and reads on. pending is the start of a line a
@@ -278,7 +312,7 @@ func CaptureJournaled(r *os.File, j *Journal, pending []byte, sink *Sink, maxLin
 		return err
 	}
 	for {
-		if err := j.deliver(sink, maxLine, false, line, fn); err != nil {
+		if err := j.deliver(sink.lanes(), maxLine, false, line, fn); err != nil {
 			return err
 		}
 		err := j.fill(r)
@@ -286,7 +320,7 @@ func CaptureJournaled(r *os.File, j *Journal, pending []byte, sink *Sink, maxLin
 			return err
 		}
 		if err != nil {
-			if derr := j.deliver(sink, maxLine, true, line, fn); derr != nil {
+			if derr := j.deliver(sink.lanes(), maxLine, true, line, fn); derr != nil {
 				return derr
 			}
 			if errors.Is(err, io.EOF) {
@@ -298,9 +332,10 @@ func CaptureJournaled(r *os.File, j *Journal, pending []byte, sink *Sink, maxLin
 }
 
 // Settle reads j (another agent may have used it) and settles the append
-// it recorded, if its agent died while making it: found in sink's file,
-// its bytes are done; torn at the file's end, the torn part is cut off and
-// they are written again by the capture, as when it is not there at all.
+// each lane recorded, if its agent died while making it: found in its
+// place (sink's file, or the journal of sink's twin), its bytes are done;
+// torn at the file's end, the torn part is cut off and they are written
+// again by the capture, as when it is not there at all.
 //
 // A torn append can be cut off only while it is at its file's end: once
 // another stream's lines follow it (another worker's, with the same log
@@ -313,41 +348,69 @@ func (j *Journal) Settle(sink *Sink) error {
 	if err := j.load(); err != nil {
 		return err
 	}
-	if j.rec == nil {
-		return nil
+	sinks := sink.lanes()
+	for i := range j.n {
+		if j.lanes[i].rec == nil {
+			continue
+		}
+		if err := j.settle(i, settlerOf(j.lanes[i].rec, sinks, i)); err != nil {
+			return err
+		}
 	}
-	return j.settle(sink)
+	err := j.use(len(sinks))
+	j.trim()
+	return err
 }
 
-// settle finds out how much of the append j recorded (an agent died while
-// it was making it) is in sink's log, and marks that much done: all of its
-// bytes, or the lines of those of its entries the journal shows. What is
-// not there is written again by the capture, as a new append. The header
-// then says what the log holds, so an agent killed before that append
-// leaves the next one the same facts (nothing of it in memory only).
-func (j *Journal) settle(sink *Sink) error {
-	rec := j.rec
-	j.rec = nil
+// settle finds out how much of the append lane i recorded (an agent died
+// while it was making it) is in sink's place, and marks that much done:
+// all of its bytes, or the lines of those of its entries the journal
+// shows. What is not there is written again by the capture, as a new
+// append. The header then says what the place holds, so an agent killed
+// before that append leaves the next one the same facts (nothing of it in
+// memory only).
+func (j *Journal) settle(i int, sink *Sink) error {
+	l := j.lanes[i]
 	var found Found
 	if sink != nil {
-		found = sink.Resolve(rec)
+		found = sink.Resolve(l.rec)
 	}
-	upto := j.done
-	switch batch := j.pending[:rec.Upto-j.done]; {
+	upto := l.done
+	switch batch := j.pending[l.done-j.pbase : l.rec.Upto-j.pbase]; {
 	case found.All:
-		upto = rec.Upto
+		upto = l.rec.Upto
 	case found.Lines > 0:
 		// The lines as the capture cut them: CaptureJournaled's maxLine
 		// is the default for every worker (workers.capture).
 		upto += int64(linesEnd(batch, DefaultMaxLine, found.Lines))
 	}
-	j.pending = j.pending[:copy(j.pending, j.pending[upto-j.done:])]
-	return j.commit(upto)
+	return j.commit(i, upto)
 }
 
 // deliver hands the complete lines of pending (all of it when final) to fn
-// and sink, then marks them done.
-func (j *Journal) deliver(sink *Sink, maxLine int, final bool, line func(string) Line, fn func(string)) error {
+// and to each lane's sink, then marks them done. A lane behind the others
+// (its agent died between two places' writes of a batch) first gets the
+// lines the others have, which fn has seen.
+func (j *Journal) deliver(sinks []*Sink, maxLine int, final bool, line func(string) Line, fn func(string)) error {
+	if err := j.use(len(sinks)); err != nil {
+		return err
+	}
+	top := j.top()
+	for i := range j.n {
+		done := j.lanes[i].done
+		if done == top {
+			continue
+		}
+		var lines []Line
+		deliver(j.pending[done-j.pbase:top-j.pbase], 0, maxLine, true, func(s string) { lines = append(lines, line(s)) })
+		if sinks[i] != nil {
+			sinks[i].appendJournaled(j, i, lines, top)
+		}
+		if err := j.commit(i, top); err != nil {
+			return err
+		}
+	}
+	j.trim()
 	var texts []string
 	k := deliver(j.pending, 0, maxLine, final, func(s string) { texts = append(texts, s) })
 	if k == 0 {
@@ -356,14 +419,22 @@ func (j *Journal) deliver(sink *Sink, maxLine int, final bool, line func(string)
 	for _, t := range texts {
 		fn(t)
 	}
-	upto := j.done + int64(k)
-	if sink != nil {
-		lines := make([]Line, len(texts))
-		for i, t := range texts {
-			lines[i] = line(t)
+	upto := top + int64(k)
+	var lines []Line
+	for i := range j.n {
+		if sinks[i] != nil {
+			if lines == nil {
+				lines = make([]Line, len(texts))
+				for i, t := range texts {
+					lines[i] = line(t)
+				}
+			}
+			sinks[i].appendJournaled(j, i, lines, upto)
 		}
-		sink.appendJournaled(j, lines, upto)
+		if err := j.commit(i, upto); err != nil {
+			return err
+		}
 	}
-	j.pending = j.pending[:copy(j.pending, j.pending[k:])]
-	return j.commit(upto)
+	j.trim()
+	return nil
 }

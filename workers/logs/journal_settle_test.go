@@ -32,7 +32,7 @@ func tornAppend(t *testing.T, j *Journal, r *os.File, path string) {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		t.Fatal(err)
 	}
-	if err := j.record(FilePos{Dev: st.Dev, Ino: st.Ino, Size: st.Size}, lines, j.done+int64(k)); err != nil {
+	if err := j.record(0, FilePos{Dev: st.Dev, Ino: st.Ino, Size: st.Size}, lines, j.lanes[0].done+int64(k)); err != nil {
 		t.Fatal(err)
 	}
 	cut := len(lines) / 2

@@ -30,7 +30,7 @@ func (w *writer) appendJournaled(r request) error {
 		w.app = r.lines[i].App
 		w.buf = appendLine(w.buf, w.opts.Format, &r.lines[i])
 	}
-	w.journal, w.upto = r.journal, r.upto
+	w.journal, w.lane, w.upto = r.journal, r.lane, r.upto
 	err := w.flush()
 	w.journal = nil
 	return err
@@ -47,7 +47,7 @@ func (w *writer) writeRecorded(data []byte) (int, error) {
 	}
 	pos, err := p.position(len(data))
 	if err == nil {
-		err = w.journal.record(pos, data, w.upto)
+		err = w.journal.record(w.lane, pos, data, w.upto)
 	}
 	if err != nil {
 		w.log.Warn("cannot record an append in the worker's journal: an agent crash now may repeat its lines", "error", err)

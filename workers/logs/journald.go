@@ -77,8 +77,11 @@ const progressEvery = 64
 // replace it.
 var newJournaldConn = func() journaldConn { return systemJournal{} }
 
+// journalEnabled tells whether journald's socket is there; tests replace it.
+var journalEnabled = journal.Enabled
+
 func newJournald(o Options) (File, error) {
-	if !journal.Enabled() {
+	if !journalEnabled() {
 		return nil, errors.New("the systemd journal's socket (/run/systemd/journal/socket) is not there; " +
 			`is journald running? or set [apps.NAME.logs] target = "files"`)
 	}

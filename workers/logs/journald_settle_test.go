@@ -38,7 +38,7 @@ func sentPartly(t *testing.T, j *Journal, fj *fakeJournal, sent int) {
 	})
 	dead := &journald{conn: fj, vars: map[string]string{}, log: hclog.NewNullLogger()}
 	pos, _ := dead.position(len(data))
-	if err := j.record(pos, data, j.done+int64(k)); err != nil {
+	if err := j.record(0, pos, data, j.lanes[0].done+int64(k)); err != nil {
 		t.Fatal(err)
 	}
 	fj.fail = sent

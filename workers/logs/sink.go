@@ -58,8 +58,9 @@ type Line struct {
 type Options struct {
 	Path   string // the current file, e.g. log_dir/web.out.log
 	Format string // FormatText (default), FormatRaw, FormatJSON or FormatPM2JSON
-	// Target is TargetFiles (default, "") or TargetJournal: every line an
-	// entry of the systemd journal (Format then does not apply).
+	// Target is TargetFiles (default, ""), TargetJournal: every line an
+	// entry of the systemd journal (Format then does not apply), or
+	// TargetBoth: the files, and a twin Sink for the journal beside them.
 	Target string
 
 	MaxSize  int64         // rotate when the file would grow past this many bytes; 0 means DefaultMaxSize
@@ -101,6 +102,14 @@ type Sink struct {
 	mu     sync.RWMutex // Write holds it shared while it enqueues; Close exclusively
 	closed bool
 
+	// twin, for TargetBoth, is the Sink of the journal beside this one's
+	// files: Write, Flush, Dropped and Close reach it too, and a journaled
+	// capture writes each batch to both, each in its own lane of the
+	// worker's journal (Journal). Set by OpenSink and Reconfigure.
+	twin     atomic.Pointer[Sink]
+	reconf   sync.Mutex  // one Reconfigure at a time
+	journald atomic.Bool // the writer's File is the journal's (writer.setFile)
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -124,6 +133,7 @@ type request struct {
 	opts  *Options   // reqReopen: the new settings
 
 	journal *Journal // reqAppend, reqResolve
+	lane    int      // reqAppend: the journal's lane of this Sink
 	lines   []Line   // reqAppend
 	upto    int64    // reqAppend: the journal's done offset after the lines
 	rec     *Append  // reqResolve
@@ -135,6 +145,9 @@ type request struct {
 func OpenSink(o Options) (*Sink, error) {
 	if o.Path == "" {
 		return nil, errors.New("logs: open sink: no path")
+	}
+	if o.Target == TargetBoth {
+		return openBoth(o)
 	}
 	if err := o.settle(); err != nil {
 		return nil, fmt.Errorf("logs: open sink %s: %w", o.Path, err)
@@ -180,10 +193,19 @@ func OpenSink(o Options) (*Sink, error) {
 //
 // (in json: stream "deployd", slot -1 and the agent's pid). The reason is
 // "buffer full", "write error: ..." or "closing", or several of them.
+// With a twin (TargetBoth), l goes to the twin's journal too.
 func (s *Sink) Write(l Line) {
 	if l.Time.IsZero() {
 		l.Time = time.Now()
 	}
+	s.write(l)
+	if t := s.twin.Load(); t != nil {
+		t.write(l)
+	}
+}
+
+// write is Write to this Sink alone.
+func (s *Sink) write(l Line) {
 	n := int64(len(l.Text))
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -235,16 +257,16 @@ func (s *Sink) drop() {
 	s.overflow.Add(1)
 }
 
-// appendJournaled writes lines (of j's stream, up to j's offset upto) now,
-// after what is queued, and returns once they are written (or dropped and
+// appendJournaled writes lines (of j's stream, up to j's offset upto, in
+// j's lane lane) to this Sink alone, now, after what is queued, and returns once they are written (or dropped and
 // counted: a full disk); the Sink records the append in j just before the
 // write (Journal). While writing fails or stalls it queues them as Write
 // does: a disk that stalls or fails holds no worker, and exactly-once then
 // holds only as long as the agent lives.
-func (s *Sink) appendJournaled(j *Journal, lines []Line, upto int64) {
+func (s *Sink) appendJournaled(j *Journal, lane int, lines []Line, upto int64) {
 	if s.failing.Load() || s.stuck() {
 		for _, l := range lines {
-			s.Write(l)
+			s.write(l)
 		}
 		return
 	}
@@ -255,7 +277,7 @@ func (s *Sink) appendJournaled(j *Journal, lines []Line, upto int64) {
 		s.dropped.Add(uint64(len(lines)))
 		return
 	}
-	r := request{kind: reqAppend, journal: j, lines: lines, upto: upto, reply: make(chan error, 1)}
+	r := request{kind: reqAppend, journal: j, lane: lane, lines: lines, upto: upto, reply: make(chan error, 1)}
 	select {
 	case s.reqs <- r:
 		<-r.reply
@@ -280,13 +302,25 @@ func (s *Sink) Resolve(rec *Append) Found {
 
 // Dropped returns how many lines were dropped since the Sink was opened:
 // because the queue was full, because writing them failed, or because Close
-// ran out of time.
-func (s *Sink) Dropped() uint64 { return s.dropped.Load() }
+// ran out of time. With a twin, its drops are added: a line dropped by
+// both counts twice.
+func (s *Sink) Dropped() uint64 {
+	n := s.dropped.Load()
+	if t := s.twin.Load(); t != nil {
+		n += t.dropped.Load()
+	}
+	return n
+}
 
-// Flush waits until every line queued before the call is written, or ctx is
-// done. It returns the write error if some of them could not be written.
+// Flush waits until every line queued before the call is written (with a
+// twin, into both places), or ctx is done. It returns the write error if
+// some of them could not be written.
 func (s *Sink) Flush(ctx context.Context) error {
-	return s.do(ctx, reqFlush, "flush")
+	err := s.do(ctx, reqFlush, "flush")
+	if t := s.twin.Load(); t != nil {
+		err = errors.Join(err, t.do(ctx, reqFlush, "flush"))
+	}
+	return err
 }
 
 // Rotate writes what is queued, then renames the current file aside and
@@ -301,11 +335,8 @@ func (s *Sink) Truncate() error {
 	return s.do(context.Background(), reqTruncate, "truncate")
 }
 
-// Reconfigure writes what is queued, then goes on with o's Format,
-// MaxSize, MaxFiles, MaxAge and Compress (a reload that changed
-// [apps.NAME.logs]); the path, buffers and logger stay. On error the
-// previous settings stay in force.
-func (s *Sink) Reconfigure(o Options) error {
+// reconfigure is Reconfigure of this Sink alone.
+func (s *Sink) reconfigure(o Options) error {
 	if o.Open == nil && (o.Target == s.opts.Target || o.Target == "" && s.opts.Target == TargetFiles) {
 		o.Open = s.opts.Open // the same target's File (a test's stays)
 	}
@@ -325,6 +356,7 @@ func (s *Sink) Reconfigure(o Options) error {
 const (
 	TargetFiles   = "files"
 	TargetJournal = "journal"
+	TargetBoth    = "both"
 )
 
 // settle checks o's Format and Target and fills in their defaults and the
@@ -384,13 +416,16 @@ func (s *Sink) doWith(ctx context.Context, r request, what string) error {
 // call's result.
 func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {
+		if t := s.twin.Load(); t != nil {
+			s.closeErr = t.Close()
+		}
 		s.mu.Lock()
 		s.closed = true
 		s.mu.Unlock()
 		r := request{kind: reqClose, reply: make(chan error, 1)}
 		s.reqs <- r
 		if err := <-r.reply; err != nil {
-			s.closeErr = fmt.Errorf("logs: close %s: %w", s.opts.Path, err)
+			s.closeErr = errors.Join(s.closeErr, fmt.Errorf("logs: close %s: %w", s.opts.Path, err))
 		}
 		<-s.done
 	})

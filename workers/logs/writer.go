@@ -34,6 +34,7 @@ type writer struct {
 	broken  bool   // the file ends in a partial line (a write failed midway)
 
 	journal *Journal // records the next flush (appendJournaled)
+	lane    int      // in this lane of journal
 	upto    int64    // journal's done offset once that flush is written
 }
 
@@ -155,9 +156,11 @@ func (w *writer) reopen(o Options) error {
 // (busySince), so that a write that moves on is not taken for a stalled
 // one, whose lines Write and appendJournaled only queue.
 func (w *writer) setFile(f File) {
-	if jd, ok := f.(*journald); ok {
+	jd, ok := f.(*journald)
+	if ok {
 		jd.progress = &w.s.busySince
 	}
+	w.s.journald.Store(ok)
 	w.f = f
 }
 
