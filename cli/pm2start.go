@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,7 +26,8 @@ import (
 // have the agent reload that app, which starts (or stops) it.
 
 const startHelp = "Two forms:\n" +
-	"  deployd start APP      start an app stopped by `deployd stop`.\n" +
+	"  deployd start APP      start an app stopped by `deployd stop` (also FILE, when the\n" +
+	"                         app that FILE would add is there, runs FILE and is stopped).\n" +
 	"  deployd start FILE [-i N|max] [--name NAME] [--port PORT] [--env ENV] [-- ARGS...]\n" +
 	"                         as `pm2 start`: add an [apps.NAME] table for FILE to the config\n" +
 	"                         file, then start it. The rest of the file (comments, layout) is\n" +
@@ -72,6 +74,9 @@ func startCommand() *cli.Command {
 			if !pm2Form(c) {
 				return startStopped(c)
 			}
+			if app := stoppedAppOfScript(c); app != "" {
+				return startApp(c, app)
+			}
 			return startFile(c)
 		},
 	}
@@ -86,7 +91,7 @@ func pm2Form(c *cli.Context) bool {
 		}
 	}
 	arg := c.Args().First()
-	if cfg, err := config.Load(config.Find(c.String("config"))); err == nil && cfg.Apps[arg] != nil {
+	if cfg, _ := agentConfig(c); cfg != nil && cfg.Apps[arg] != nil {
 		return false
 	}
 	fi, err := os.Stat(arg)
@@ -97,7 +102,45 @@ func startStopped(c *cli.Context) error {
 	if err := exactArgs(c, 1, "APP"); err != nil {
 		return err
 	}
-	app := c.Args().First()
+	return startApp(c, c.Args().First())
+}
+
+// stoppedAppOfScript is the app `deployd start FILE` starts again, as pm2
+// start does for a stopped process of its script: the app start would add
+// (named by --name, else after FILE) is in the agent's file, its command
+// runs that same file, and the agent has it stopped. "" otherwise, and
+// with a flag that would change the app: the PM2 form goes on (and
+// refuses a name the file has).
+func stoppedAppOfScript(c *cli.Context) string {
+	if c.NArg() != 1 {
+		return ""
+	}
+	for _, f := range []string{"instances", "port", "interpreter", "env-file", "env"} {
+		if c.IsSet(f) {
+			return ""
+		}
+	}
+	file := c.Args().First()
+	name := c.String("name")
+	if name == "" {
+		base := filepath.Base(file)
+		name = strings.TrimSuffix(base, filepath.Ext(base))
+	}
+	cfg, _ := agentConfig(c)
+	if cfg == nil || cfg.Apps[name] == nil || !slices.Contains(appsRunningFile(cfg, file, true), name) {
+		return ""
+	}
+	cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
+	defer cancel()
+	st, err := client(c).Status(cx, name)
+	if err != nil || len(st.Apps) != 1 || st.Apps[0].State != "stopped" {
+		return ""
+	}
+	return name
+}
+
+// startApp starts app, an app of the config that `deployd stop` stopped.
+func startApp(c *cli.Context, app string) error {
 	if c.IsSet("env") {
 		return fail(ExitUsage, "--env with an app of the config: run `deployd reload %s --env %s` (it records the choice in the config and reloads)", app, c.String("env"))
 	}

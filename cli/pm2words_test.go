@@ -58,3 +58,73 @@ func TestAppArgsReadTheAgentsConfigOnce(t *testing.T) {
 		t.Errorf("%d status calls to map 3 app arguments, want 1", n)
 	}
 }
+
+// `deployd start web.js` after `deployd stop web.js` starts the stopped app
+// again, as pm2 start does: the app start would add is in the agent's
+// file, runs that same file, and is stopped. Anything else is the PM2
+// form (which refuses a name the file has).
+func TestStartScriptOfAStoppedApp(t *testing.T) {
+	dir := t.TempDir()
+	other := t.TempDir()
+	cfgPath := filepath.Join(dir, "deployd.toml")
+	cfgText := "[apps.web]\ncommand = [\"node\", \"web.js\"]\n"
+	for _, p := range []string{cfgPath, filepath.Join(dir, "web.js"), filepath.Join(other, "web.js")} {
+		text := "\n"
+		if p == cfgPath {
+			text = cfgText
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var state atomic.Value
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(api.Status{Agent: api.Agent{Config: cfgPath},
+			Apps: []api.App{{Name: "web", State: state.Load().(string)}}})
+	})}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+
+	stopped := func(args ...string) string {
+		app := newApp(io.Discard, io.Discard)
+		app.Metadata = map[string]any{}
+		set := flag.NewFlagSet("start", flag.ContinueOnError)
+		set.String("socket", sock, "")
+		set.String("config", "", "")
+		for _, f := range []string{"name", "instances", "env", "interpreter", "env-file"} {
+			set.String(f, "", "")
+		}
+		set.Int("port", 0, "")
+		if err := set.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return stoppedAppOfScript(cli.NewContext(app, set, nil))
+	}
+	t.Chdir(dir)
+	state.Store("stopped")
+	if got := stopped("web.js"); got != "web" {
+		t.Errorf("start web.js with web stopped: %q, want web", got)
+	}
+	if got := stopped("--name", "web", "./web.js"); got != "web" {
+		t.Errorf("start ./web.js --name web with web stopped: %q, want web", got)
+	}
+	for _, args := range [][]string{
+		{"--instances", "2", "web.js"},   // a flag that changes the app: the PM2 form
+		{"--port", "3000", "web.js"},     // the same
+		{"--name", "api", "web.js"},      // another app
+		{filepath.Join(other, "web.js")}, // another file of that name
+	} {
+		if got := stopped(args...); got != "" {
+			t.Errorf("start %v with web stopped: %q, want the PM2 form", args, got)
+		}
+	}
+	state.Store("running")
+	if got := stopped("web.js"); got != "" {
+		t.Errorf("start web.js with web running: %q, want the PM2 form", got)
+	}
+}
