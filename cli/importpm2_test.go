@@ -3,10 +3,8 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,12 +14,7 @@ import (
 )
 
 func TestImportPM2WritesALoadableConfig(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is not installed, and CI must run this test")
-		}
-		t.Skip("node not installed")
-	}
+	needNode(t)
 	dir := t.TempDir()
 	for _, f := range []string{"app.js", "worker.js"} {
 		os.WriteFile(filepath.Join(dir, f), nil, 0o644)
@@ -64,12 +57,7 @@ func TestImportPM2WritesALoadableConfig(t *testing.T) {
 // import -o next to an agent that runs another file says that agent will
 // not start the apps, and how to: an import then a reload started nothing.
 func TestImportPM2OutputNotesTheAgentsOtherFile(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is not installed, and CI must run this test")
-		}
-		t.Skip("node not installed")
-	}
+	needNode(t)
 	dir := t.TempDir()
 	eco := filepath.Join(dir, "ecosystem.config.js")
 	if err := os.WriteFile(eco, []byte(`module.exports = { apps: [{ name: 'web', script: 'app.js' }] }`), 0o644); err != nil {
@@ -77,15 +65,9 @@ func TestImportPM2OutputNotesTheAgentsOtherFile(t *testing.T) {
 	}
 	agentFile := filepath.Join(dir, "agent.toml")
 	sock := filepath.Join(dir, "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	fakeAgent(t, dir, func(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(api.Status{Agent: api.Agent{Config: agentFile, Socket: sock}})
-	})}
-	go func() { _ = srv.Serve(l) }()
-	defer srv.Close()
+	})
 
 	for out, want := range map[string]string{
 		filepath.Join(dir, "deployd.toml"): "note: the agent on " + sock + " runs " + agentFile + ", not " + filepath.Join(dir, "deployd.toml") +

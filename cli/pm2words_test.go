@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
@@ -26,20 +27,13 @@ func TestAppArgsReadTheAgentsConfigOnce(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(cfgText), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var calls atomic.Int32
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	sock := fakeAgent(t, dir, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/status" {
 			calls.Add(1)
 		}
 		_ = json.NewEncoder(w).Encode(api.Status{Agent: api.Agent{Config: cfgPath}})
-	})}
-	go func() { _ = srv.Serve(l) }()
-	defer srv.Close()
+	})
 
 	app := newApp(io.Discard, io.Discard)
 	app.Metadata = map[string]any{}
@@ -77,18 +71,11 @@ func TestStartScriptOfAStoppedApp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sock := filepath.Join(dir, "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var state atomic.Value
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	sock := fakeAgent(t, dir, func(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(api.Status{Agent: api.Agent{Config: cfgPath},
 			Apps: []api.App{{Name: "web", State: state.Load().(string)}}})
-	})}
-	go func() { _ = srv.Serve(l) }()
-	defer srv.Close()
+	})
 
 	stopped := func(args ...string) string {
 		app := newApp(io.Discard, io.Discard)
@@ -126,5 +113,32 @@ func TestStartScriptOfAStoppedApp(t *testing.T) {
 	state.Store("running")
 	if got := stopped("web.js"); got != "" {
 		t.Errorf("start web.js with web running: %q, want the PM2 form", got)
+	}
+}
+
+// fakeAgent serves h as an agent's control socket, agent.sock in dir,
+// until the test ends, and returns the socket's path.
+func fakeAgent(t *testing.T, dir string, h http.HandlerFunc) string {
+	t.Helper()
+	sock := filepath.Join(dir, "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+	return sock
+}
+
+// needNode skips a test that evaluates JavaScript where node is missing,
+// except in CI, which must run it.
+func needNode(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("node is not installed, and CI must run this test")
+		}
+		t.Skip("node not installed")
 	}
 }
