@@ -33,12 +33,13 @@ const startHelp = "Two forms:\n" +
 	"                         file, then start it. The rest of the file (comments, layout) is\n" +
 	"                         kept as written; the new table is added at its end.\n\n" +
 	"The PM2 form is taken when the argument is not an app of the config and is a file, or\n" +
-	"when -i, --name, --port, --interpreter or --env-file is given. .js, .cjs and .mjs files run with node\n" +
+	"when -i, --name, --port, --interpreter(-args) or --env-file is given. .js, .cjs and .mjs files run with node\n" +
 	"(its preload maps the app's listen(PORT) onto the agent's socket and drains on reloads;\n" +
 	"without --port, the agent binds the port the app's first listen(PORT) asks for);\n" +
 	"a .ts file with the project's tsx (node --import tsx) or ts-node, or node itself where it\n" +
 	"strips types (22.18+); any other file must be executable, or name its interpreter with\n" +
-	"--interpreter (a path is relative to where you type it). --env-file FILE sets env_file:\n" +
+	"--interpreter (a path is relative to where you type it); --interpreter-args (or --node-args)\n" +
+	"go between the interpreter and FILE. --env-file FILE sets env_file:\n" +
 	"its NAME=value lines (a .env file) reach the workers.\n" +
 	"NAME defaults to FILE without its extension; -i defaults to 1 as in PM2, and -i max\n" +
 	"(or 0) is one worker per CPU, -i -1 all CPUs but one. --port PORT (or PORT in the\n" +
@@ -64,6 +65,7 @@ func startCommand() *cli.Command {
 			&cli.IntFlag{Name: "port", Usage: "the `PORT` the app listens on (default: $PORT)"},
 			&cli.StringFlag{Name: "env", Usage: "select the app's env_`ENV` variables (environment = \"ENV\")"},
 			&cli.StringFlag{Name: "interpreter", Usage: "run FILE with `PROG` (default: node for .js, .cjs, .mjs; the project's tsx or ts-node for .ts; else FILE itself)"},
+			&cli.StringFlag{Name: "interpreter-args", Aliases: []string{"node-args"}, Usage: "`ARGS` for the interpreter, before FILE (e.g. \"run --allow-net --allow-env\" for deno)"},
 			&cli.StringFlag{Name: "env-file", Usage: "the app's variables from `FILE` (NAME=value lines, as .env; env_file in the config)"},
 			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"},
 		),
@@ -85,7 +87,7 @@ func startCommand() *cli.Command {
 // pm2Form reports whether `deployd start ARG` is the PM2 form: a flag
 // only that form has, or an argument that is a file and no app's name.
 func pm2Form(c *cli.Context) bool {
-	for _, f := range []string{"instances", "name", "port", "interpreter", "env-file"} {
+	for _, f := range []string{"instances", "name", "port", "interpreter", "interpreter-args", "env-file"} {
 		if c.IsSet(f) {
 			return true
 		}
@@ -115,7 +117,7 @@ func stoppedAppOfScript(c *cli.Context) string {
 	if c.NArg() != 1 {
 		return ""
 	}
-	for _, f := range []string{"instances", "port", "interpreter", "env-file", "env"} {
+	for _, f := range []string{"instances", "port", "interpreter", "interpreter-args", "env-file", "env"} {
 		if c.IsSet(f) {
 			return ""
 		}
@@ -333,6 +335,14 @@ func startSpecOf(c *cli.Context, configPath string) (*startSpec, error) {
 		return nil, fail(ExitUsage, "%s is not executable and not a .js, .cjs or .mjs file: give its interpreter (--interpreter python3) or chmod +x %s", file, file)
 	default:
 		n.argv = []string{script}
+	}
+	if ia := strings.Fields(c.String("interpreter-args")); len(ia) > 0 {
+		// As PM2's: between the interpreter (and its loader) and FILE.
+		if len(n.argv) == 1 {
+			return nil, fail(ExitUsage, "--interpreter-args: %s runs as a program of its own, with no interpreter to take them; "+
+				"give one with --interpreter, or pass the program's own arguments after --", file)
+		}
+		n.argv = slices.Insert(n.argv, len(n.argv)-1, ia...)
 	}
 	n.argv = append(n.argv, rest...)
 	if n.port = c.Int("port"); !c.IsSet("port") {
