@@ -90,6 +90,7 @@ func appResult(app string, err error) api.AppResult {
 	res := api.AppResult{App: app, Outcome: k.Outcome()}
 	var ab *workers.AbandonedError
 	var nc *workers.NoCanaryError
+	var nr *workers.NotReadyError
 	switch {
 	case err == nil:
 	case k == api.KindBusy:
@@ -101,6 +102,14 @@ func appResult(app string, err error) api.AppResult {
 	case errors.As(err, &ab):
 		res.Error = ab.Reason.Error() + "; " + ab.Serving()
 		res.ExitStatus, res.LastLines = ab.ExitStatus, ab.LastLines
+	case errors.As(err, &nr):
+		// A start whose new workers never got ready (the first of them):
+		// its output is where the cause is, such as a missing module.
+		res.Error = err.Error()
+		res.LastLines = nr.Worker.LastLines()
+		if nr.Exited {
+			res.ExitStatus = nr.Worker.ExitDescription()
+		}
 	default:
 		res.Error = err.Error()
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -106,6 +107,7 @@ func runImportPM2(c *cli.Context) error {
 		if err := os.WriteFile(o, []byte(toml.String()), 0o644); err != nil {
 			return fail(ExitFailed, "%v", err)
 		}
+		noteOtherAgentFile(c, o, file)
 	} else {
 		fmt.Fprint(c.App.Writer, toml.String())
 	}
@@ -156,4 +158,19 @@ func applyImport(c *cli.Context, file string, apps []importedApp) error {
 		return nil
 	}
 	return err
+}
+
+// noteOtherAgentFile says so when the agent on the socket runs another
+// file than out, which import -o just wrote: that agent never reads out,
+// and a reload there does not start its apps.
+func noteOtherAgentFile(c *cli.Context, out, ecosystem string) {
+	cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
+	st, err := client(c).Status(cx, "")
+	cancel()
+	if err != nil || st.Agent.Config == "" || sameFile(st.Agent.Config, out) {
+		return
+	}
+	fmt.Fprintf(c.App.ErrWriter, "note: the agent on %s runs %s, not %s, and does not start these apps: "+
+		"add them to its file and start them with `deployd import pm2 %s --apply`, or run an agent for %s: deployd agent -c %s --socket PATH\n",
+		st.Agent.Socket, st.Agent.Config, out, ecosystem, out, out)
 }

@@ -2,22 +2,19 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/agent/config"
 )
 
 func TestImportPM2WritesALoadableConfig(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is not installed, and CI must run this test")
-		}
-		t.Skip("node not installed")
-	}
+	needNode(t)
 	dir := t.TempDir()
 	for _, f := range []string{"app.js", "worker.js"} {
 		os.WriteFile(filepath.Join(dir, f), nil, 0o644)
@@ -54,5 +51,35 @@ func TestImportPM2WritesALoadableConfig(t *testing.T) {
 	os.WriteFile(full, append([]byte("[agent]\nsocket = \"s.sock\"\nstate_dir = \"state\"\nlog_dir = \"logs\"\n\n"), body...), 0o644)
 	if _, err := config.Load(full); err != nil {
 		t.Errorf("the imported config does not load: %v\n%s", err, body)
+	}
+}
+
+// import -o next to an agent that runs another file says that agent will
+// not start the apps, and how to: an import then a reload started nothing.
+func TestImportPM2OutputNotesTheAgentsOtherFile(t *testing.T) {
+	needNode(t)
+	dir := t.TempDir()
+	eco := filepath.Join(dir, "ecosystem.config.js")
+	if err := os.WriteFile(eco, []byte(`module.exports = { apps: [{ name: 'web', script: 'app.js' }] }`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	agentFile := filepath.Join(dir, "agent.toml")
+	sock := filepath.Join(dir, "agent.sock")
+	fakeAgent(t, dir, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(api.Status{Agent: api.Agent{Config: agentFile, Socket: sock}})
+	})
+
+	for out, want := range map[string]string{
+		filepath.Join(dir, "deployd.toml"): "note: the agent on " + sock + " runs " + agentFile + ", not " + filepath.Join(dir, "deployd.toml") +
+			", and does not start these apps: add them to its file and start them with `deployd import pm2 " + eco + " --apply`",
+		agentFile: "", // the agent's own file: no note
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := newApp(&stdout, &stderr).Run([]string{"deployd", "import", "pm2", "--socket", sock, "-o", out, eco}); err != nil {
+			t.Fatalf("%v\n%s", err, stderr.String())
+		}
+		if got := stderr.String(); want == "" && strings.Contains(got, "note:") || !strings.Contains(got, want) {
+			t.Errorf("import -o %s: stderr %q, want %q", out, got, want)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,18 +26,20 @@ import (
 // have the agent reload that app, which starts (or stops) it.
 
 const startHelp = "Two forms:\n" +
-	"  deployd start APP      start an app stopped by `deployd stop`.\n" +
+	"  deployd start APP      start an app stopped by `deployd stop` (also FILE, when the\n" +
+	"                         app that FILE would add is there, runs FILE and is stopped).\n" +
 	"  deployd start FILE [-i N|max] [--name NAME] [--port PORT] [--env ENV] [-- ARGS...]\n" +
 	"                         as `pm2 start`: add an [apps.NAME] table for FILE to the config\n" +
 	"                         file, then start it. The rest of the file (comments, layout) is\n" +
 	"                         kept as written; the new table is added at its end.\n\n" +
 	"The PM2 form is taken when the argument is not an app of the config and is a file, or\n" +
-	"when -i, --name, --port, --interpreter or --env-file is given. .js, .cjs and .mjs files run with node\n" +
+	"when -i, --name, --port, --interpreter(-args) or --env-file is given. .js, .cjs and .mjs files run with node\n" +
 	"(its preload maps the app's listen(PORT) onto the agent's socket and drains on reloads;\n" +
 	"without --port, the agent binds the port the app's first listen(PORT) asks for);\n" +
 	"a .ts file with the project's tsx (node --import tsx) or ts-node, or node itself where it\n" +
 	"strips types (22.18+); any other file must be executable, or name its interpreter with\n" +
-	"--interpreter (a path is relative to where you type it). --env-file FILE sets env_file:\n" +
+	"--interpreter (a path is relative to where you type it); --interpreter-args (or --node-args)\n" +
+	"go between the interpreter and FILE. --env-file FILE sets env_file:\n" +
 	"its NAME=value lines (a .env file) reach the workers.\n" +
 	"NAME defaults to FILE without its extension; -i defaults to 1 as in PM2, and -i max\n" +
 	"(or 0) is one worker per CPU, -i -1 all CPUs but one. --port PORT (or PORT in the\n" +
@@ -62,6 +65,7 @@ func startCommand() *cli.Command {
 			&cli.IntFlag{Name: "port", Usage: "the `PORT` the app listens on (default: $PORT)"},
 			&cli.StringFlag{Name: "env", Usage: "select the app's env_`ENV` variables (environment = \"ENV\")"},
 			&cli.StringFlag{Name: "interpreter", Usage: "run FILE with `PROG` (default: node for .js, .cjs, .mjs; the project's tsx or ts-node for .ts; else FILE itself)"},
+			&cli.StringFlag{Name: "interpreter-args", Aliases: []string{"node-args"}, Usage: "`ARGS` for the interpreter, before FILE (e.g. \"run --allow-net --allow-env\" for deno)"},
 			&cli.StringFlag{Name: "env-file", Usage: "the app's variables from `FILE` (NAME=value lines, as .env; env_file in the config)"},
 			&cli.DurationFlag{Name: "timeout", Usage: "give up waiting after `D`"},
 		),
@@ -72,6 +76,9 @@ func startCommand() *cli.Command {
 			if !pm2Form(c) {
 				return startStopped(c)
 			}
+			if app := stoppedAppOfScript(c); app != "" {
+				return startApp(c, app)
+			}
 			return startFile(c)
 		},
 	}
@@ -80,13 +87,13 @@ func startCommand() *cli.Command {
 // pm2Form reports whether `deployd start ARG` is the PM2 form: a flag
 // only that form has, or an argument that is a file and no app's name.
 func pm2Form(c *cli.Context) bool {
-	for _, f := range []string{"instances", "name", "port", "interpreter", "env-file"} {
+	for _, f := range []string{"instances", "name", "port", "interpreter", "interpreter-args", "env-file"} {
 		if c.IsSet(f) {
 			return true
 		}
 	}
 	arg := c.Args().First()
-	if cfg, err := config.Load(config.Find(c.String("config"))); err == nil && cfg.Apps[arg] != nil {
+	if cfg, _ := agentConfig(c); cfg != nil && cfg.Apps[arg] != nil {
 		return false
 	}
 	fi, err := os.Stat(arg)
@@ -97,7 +104,45 @@ func startStopped(c *cli.Context) error {
 	if err := exactArgs(c, 1, "APP"); err != nil {
 		return err
 	}
-	app := c.Args().First()
+	return startApp(c, c.Args().First())
+}
+
+// stoppedAppOfScript is the app `deployd start FILE` starts again, as pm2
+// start does for a stopped process of its script: the app start would add
+// (named by --name, else after FILE) is in the agent's file, its command
+// runs that same file, and the agent has it stopped. "" otherwise, and
+// with a flag that would change the app: the PM2 form goes on (and
+// refuses a name the file has).
+func stoppedAppOfScript(c *cli.Context) string {
+	if c.NArg() != 1 {
+		return ""
+	}
+	for _, f := range []string{"instances", "port", "interpreter", "interpreter-args", "env-file", "env"} {
+		if c.IsSet(f) {
+			return ""
+		}
+	}
+	file := c.Args().First()
+	name := c.String("name")
+	if name == "" {
+		base := filepath.Base(file)
+		name = strings.TrimSuffix(base, filepath.Ext(base))
+	}
+	cfg, _ := agentConfig(c)
+	if cfg == nil || cfg.Apps[name] == nil || !slices.Contains(appsRunningFile(cfg, file, true), name) {
+		return ""
+	}
+	cx, cancel := context.WithTimeout(ctx(c), 2*time.Second)
+	defer cancel()
+	st, err := client(c).Status(cx, name)
+	if err != nil || len(st.Apps) != 1 || st.Apps[0].State != "stopped" {
+		return ""
+	}
+	return name
+}
+
+// startApp starts app, an app of the config that `deployd stop` stopped.
+func startApp(c *cli.Context, app string) error {
 	if c.IsSet("env") {
 		return fail(ExitUsage, "--env with an app of the config: run `deployd reload %s --env %s` (it records the choice in the config and reloads)", app, c.String("env"))
 	}
@@ -290,6 +335,14 @@ func startSpecOf(c *cli.Context, configPath string) (*startSpec, error) {
 		return nil, fail(ExitUsage, "%s is not executable and not a .js, .cjs or .mjs file: give its interpreter (--interpreter python3) or chmod +x %s", file, file)
 	default:
 		n.argv = []string{script}
+	}
+	if ia := strings.Fields(c.String("interpreter-args")); len(ia) > 0 {
+		// As PM2's: between the interpreter (and its loader) and FILE.
+		if len(n.argv) == 1 {
+			return nil, fail(ExitUsage, "--interpreter-args: %s runs as a program of its own, with no interpreter to take them; "+
+				"give one with --interpreter, or pass the program's own arguments after --", file)
+		}
+		n.argv = slices.Insert(n.argv, len(n.argv)-1, ia...)
 	}
 	n.argv = append(n.argv, rest...)
 	if n.port = c.Int("port"); !c.IsSet("port") {

@@ -62,6 +62,10 @@ func TestStartFileWritesTheAppTable(t *testing.T) {
 		{[]string{"start", "app.js", "--name", "most", "-i", "-1", "--port", "3003"}, "[apps.most]\ncommand   = [\"node\", \"app.js\"]\ncwd       = " + tomlString(dir) + "\ninstances = \"-1\""},
 		{[]string{"start", "server", "--port", "3004", "--", "-v", "--x"}, `command   = ["./server", "-v", "--x"]`},
 		{[]string{"start", "job.py", "--interpreter", "sh", "--port", "3005"}, `command   = ["sh", "job.py"]`},
+		{[]string{"start", "job.py", "--name", "iargs", "--interpreter", "sh", "--interpreter-args", "-e -u", "--port", "3020", "--", "x"},
+			`command   = ["sh", "-e", "-u", "job.py", "x"]`},
+		{[]string{"start", "app.js", "--name", "nargs", "--node-args", "--max-old-space-size=512", "--port", "3021"},
+			`command   = ["node", "--max-old-space-size=512", "app.js"]`},
 		{[]string{"start", "app.js", "--name", "prod", "--port", "3006", "--env", "production"}, "environment = \"production\"\n\n[apps.prod.env_production]\nNODE_ENV = \"production\"\n"},
 		// A node app without a port: the agent learns it from the app's listen.
 		{[]string{"start", "app.js", "--name", "found"}, "[apps.found]\ncommand   = [\"node\", \"app.js\"]\ncwd       = " + tomlString(dir) + "\ninstances = 1\n# no listen: deployd binds"},
@@ -80,6 +84,7 @@ func TestStartFileWritesTheAppTable(t *testing.T) {
 		{[]string{"start", "app.js", "--name", "x", "-i", "many", "--port", "3008"}, `-i "many"`},
 		{[]string{"start", "app.js", "--name", "x", "--port", "3009", "--env", "pro duction"}, `--env "pro duction"`},
 		{[]string{"start", "app.js", "--name", "bad name", "--port", "3010"}, "bad app name"},
+		{[]string{"start", "server", "--name", "x", "--interpreter-args", "-v", "--port", "3012"}, "--interpreter-args: server runs as a program of its own"},
 	} {
 		if code, msg := run(tc.args...); code != 2 || !strings.Contains(msg, tc.want) {
 			t.Errorf("%v: exit %d, want 2 and %q\n%s", tc.args, code, tc.want, msg)
@@ -97,7 +102,7 @@ func TestStartFileWritesTheAppTable(t *testing.T) {
 		t.Errorf("start app (an app of the config): exit %d, want the agent asked (3)\n%s", code, msg)
 	}
 
-	for _, name := range []string{"app", "zero", "most", "server", "job", "prod", "found", "envport"} {
+	for _, name := range []string{"app", "zero", "most", "server", "job", "iargs", "nargs", "prod", "found", "envport"} {
 		if code, msg := run("delete", name); code != 0 || !strings.Contains(msg, "removed [apps."+name+"]") {
 			t.Errorf("delete %s: exit %d\n%s", name, code, msg)
 		}

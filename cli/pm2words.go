@@ -88,11 +88,19 @@ func appArg(c *cli.Context, arg string) (string, error) {
 // argument with the same base name, or, when script names a folder too,
 // the same file.
 func appsRunning(cfg *config.Config, script string) []string {
+	return appsRunningFile(cfg, script, strings.Contains(script, "/"))
+}
+
+// appsRunningFile is appsRunning that, with sameFile, takes only the
+// same file (script as a path from the working folder) whatever it names.
+func appsRunningFile(cfg *config.Config, script string, sameFile bool) []string {
 	want := ""
-	if strings.Contains(script, "/") {
-		if abs, err := filepath.Abs(script); err == nil {
-			want = abs
+	if sameFile {
+		abs, err := filepath.Abs(script)
+		if err != nil {
+			return nil
 		}
+		want = abs
 	}
 	var out []string
 	for _, name := range cfg.AppNames {

@@ -28,8 +28,9 @@ var tsRunners = []string{"tsx", "ts-node"}
 // typeScriptRunner is the command that runs the TypeScript file (the file
 // goes after it): node with the tsx loader where wd or a folder above it
 // has tsx installed; else the first of tsRunners in a node_modules/.bin of
-// the file's folder or above it, then of wd or above; else node where it
-// strips types by default. The error says how to get one.
+// the file's folder or above it, then of wd or above; else the node on
+// PATH, by its path, where it strips types by default. The error says how
+// to get one.
 func typeScriptRunner(file, wd string) ([]string, error) {
 	abs, err := filepath.Abs(file)
 	if err != nil {
@@ -50,8 +51,13 @@ func typeScriptRunner(file, wd string) ([]string, error) {
 			}
 		}
 	}
+	// The node whose version was checked, by its path: the agent looks
+	// "node" up in its own PATH, where an older node may come first.
 	if node, err := exec.LookPath("node"); err == nil && nodeStripsTypes(node) {
-		return []string{"node"}, nil
+		if abs, err := filepath.Abs(node); err == nil {
+			node = abs
+		}
+		return []string{node}, nil
 	}
 	return nil, fail(ExitUsage, "%s is TypeScript, and no runner for it was found: install tsx in the project (npm install --save-dev tsx), "+
 		"or use Node.js 22.18 or later (it runs .ts itself), or name one with --interpreter (bun, ./node_modules/.bin/ts-node)", file)

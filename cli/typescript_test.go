@@ -51,3 +51,29 @@ func TestTypeScriptRunner(t *testing.T) {
 		t.Errorf("tsx installed: %v, want node --import tsx", got)
 	}
 }
+
+// A node on the user's PATH that strips types is written by its path: the
+// agent looks a bare "node" up in its own PATH, where an older node that
+// cannot run .ts may come first.
+func TestTypeScriptRunnerNamesTheNodeItChecked(t *testing.T) {
+	bin := t.TempDir()
+	node := filepath.Join(bin, "node")
+	if err := os.WriteFile(node, []byte("#!/bin/sh\necho v22.18.0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "server.ts")
+	if err := os.WriteFile(file, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := typeScriptRunner(file, dir); err != nil || !slices.Equal(got, []string{node}) {
+		t.Errorf("node 22.18 on PATH: %v, %v; want [%s]", got, err, node)
+	}
+	if err := os.WriteFile(node, []byte("#!/bin/sh\necho v20.20.2\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := typeScriptRunner(file, dir); err == nil || exitCodeOf(err) != ExitUsage {
+		t.Errorf("node 20 on PATH: err %v, want a usage error", err)
+	}
+}

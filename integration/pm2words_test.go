@@ -249,3 +249,24 @@ func cliWithEnv(t *testing.T, dir string, env []string, args ...string) Result {
 	}
 	return r
 }
+
+// A script that fails at its first line is started as a PM2 user would:
+// the failed start shows its last output, where the cause is, not only
+// its exit status.
+func TestStartOfAFailingScriptShowsItsOutput(t *testing.T) {
+	parallel(t)
+	nodeFixtures(t) // node is installed
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "crash.js"), []byte("require('./nosuch-module')\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := NewAgentDir(t, bins, agentOnlyConfig)
+	a.Start()
+	r := a.CLIIn(dir, "start", "crash.js", "-i", "2")
+	out := r.Stdout + r.Stderr
+	for _, want := range []string{"exited before it was ready", "  new worker: exit status 1", "  its last output:", "Cannot find module './nosuch-module'"} {
+		if r.Code != 1 || !strings.Contains(out, want) {
+			t.Errorf("start crash.js: exit %d, want 1 and %q:\n%s", r.Code, want, out)
+		}
+	}
+}
