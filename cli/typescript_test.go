@@ -77,3 +77,23 @@ func TestTypeScriptRunnerNamesTheNodeItChecked(t *testing.T) {
 		t.Errorf("node 20 on PATH: err %v, want a usage error", err)
 	}
 }
+
+// A TypeScript runner that compiles at start gets a ready_timeout above the
+// default, with its reason; plain node and bun keep the default.
+func TestRunnerStartup(t *testing.T) {
+	for _, c := range []struct {
+		runner []string
+		want   string
+	}{
+		{[]string{"/p/node_modules/.bin/ts-node"}, "2m"},
+		{[]string{"node", "--import", "tsx"}, "1m"},
+		{[]string{"/p/node_modules/.bin/tsx"}, "1m"},
+		{[]string{"node"}, ""},
+		{[]string{"/usr/local/bin/bun"}, ""},
+	} {
+		got, why := runnerStartup(c.runner)
+		if got != c.want || (got != "") != (why != "") {
+			t.Errorf("runnerStartup(%q) = %q, %q; want %q and a reason with it", c.runner, got, why, c.want)
+		}
+	}
+}
