@@ -30,14 +30,19 @@ import (
 // daemonApp is app web at release ver, instances workers on port, each
 // starting a setsid sleep and a serving daemon whose pids land in dir.
 func daemonApp(port, instances int, ver, dir string) string {
+	return daemonAppEnv(port, instances, ver, dir, "")
+}
+
+// daemonAppEnv is daemonApp with more entries of its env table (", K = V").
+func daemonAppEnv(port, instances int, ver, dir, env string) string {
 	return fmt.Sprintf(`[apps.web]
 command = ["/bin/sh", "-c", "setsid sleep 3600 3>&- & echo $! > %[4]s/sleep-$$; exec %%TESTAPP%%"]
 instances = %[2]d
 listen = ["tcp://127.0.0.1:%[1]d"]
 ready_timeout = "10s"
 stop_timeout = "10s"
-env = { TESTAPP_VERSION = %[3]q, TESTAPP_DAEMON_DIR = %[4]q }
-`, port, instances, ver, dir)
+env = { TESTAPP_VERSION = %[3]q, TESTAPP_DAEMON_DIR = %[4]q%[5]s }
+`, port, instances, ver, dir, env)
 }
 
 // leftPIDs reads the pids the workers' children wrote to dir (daemons,
@@ -216,9 +221,15 @@ func sweepModes(t *testing.T, f func(t *testing.T, env []string, mode string)) {
 // names each sleep as swept.
 func reloadSweeps(t *testing.T, a *Agent, port int, old []int, d1, d2, ver, mode string) {
 	t.Helper()
+	reloadSweepsTo(t, a, port, old, d1, daemonApp(port, 2, ver, d2), ver, mode)
+}
+
+// reloadSweepsTo is reloadSweeps to the config conf of release ver.
+func reloadSweepsTo(t *testing.T, a *Agent, port int, old []int, d1, conf, ver, mode string) {
+	t.Helper()
 	daemons, sleeps, _ := leftPIDs(t, d1, 2)
 	sock := listenerOf(t, daemons[0])
-	a.WriteConfig(daemonApp(port, 2, ver, d2))
+	a.WriteConfig(conf)
 	if r := a.CLIWithin(time.Minute, "reload", "web"); r.Code != 0 {
 		t.Fatalf("reload: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
 	}
@@ -350,6 +361,55 @@ func TestSetsidChildrenSweptAfterAdoption(t *testing.T) {
 					}
 				}
 				reloadSweeps(t, a, port, before, d1, d2, "v2", mode)
+				leftPIDs(t, d2, 2) // killed at the end, should the agent's stop fail
+			})
+		})
+	}
+}
+
+// A reload returns only once no daemon of an old worker holds the app's
+// listener, even when the old worker exits at once on its stop signal and
+// its exit sweep, not the reload, took its daemons over (issue 40: the
+// reload returned while the sweep was still killing one). The daemons
+// ignore SIGTERM and the agent's exit sweep holds 3 s before it kills
+// them (failpoint.EnvSweepHold, a sweep slowed by a loaded machine): on
+// the old code the reload returned with both daemons still serving v1.
+// With fresh workers and with workers adopted after an agent SIGKILL.
+func TestReloadWaitsForTheExitSweepOfEscapedDaemons(t *testing.T) {
+	parallel(t)
+	for _, how := range []string{"fresh", "sigkill"} {
+		t.Run(how, func(t *testing.T) {
+			sweepModes(t, func(t *testing.T, env []string, mode string) {
+				port := FreePort(t)
+				dirs := childDirs(t, 2)
+				d1, d2 := dirs[0], dirs[1]
+				a := NewAgentDir(t, bins, daemonAppEnv(port, 2, "v1", d1,
+					", TESTAPP_ABRUPT_SIGTERM = \"1\", TESTAPP_DAEMON_IGNORE_SIGTERM = \"1\""))
+				a.Env = append(slices.Clone(env), "DEPLOYD_TEST_SWEEP_HOLD=3s")
+				a.UseOwnBinary()
+				a.Start()
+				old := workerPIDs(a.WaitFor("ready", 20*time.Second, func(st *api.Status) bool {
+					return AllReady(st, "web", 2)
+				}))
+				if how == "sigkill" {
+					a.Signal(syscall.SIGKILL)
+					select {
+					case <-a.Done():
+					case <-time.After(10 * time.Second):
+						t.Fatal("agent still running 10s after SIGKILL")
+					}
+					a.Start()
+					after := workerPIDs(a.WaitFor("adopted", 30*time.Second, func(st *api.Status) bool {
+						return AllReady(st, "web", 2)
+					}))
+					if slices.Sort(after); !slices.Equal(after, slices.Sorted(slices.Values(old))) {
+						t.Fatalf("workers %v after the agent SIGKILL, want the adopted %v", after, old)
+					}
+				}
+				start := time.Now()
+				reloadSweepsTo(t, a, port, old, d1, daemonApp(port, 2, "v2", d2), "v2", mode)
+				t.Logf("%s/%s: the reload and its checks took %s (the exit sweeps held 3s each)", how, mode,
+					time.Since(start).Round(time.Millisecond))
 				leftPIDs(t, d2, 2) // killed at the end, should the agent's stop fail
 			})
 		})

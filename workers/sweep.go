@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/deployd/deployd/internal/failpoint"
 	"github.com/deployd/deployd/internal/procunit"
 	"github.com/deployd/deployd/internal/sockdiag"
 )
@@ -30,8 +31,10 @@ const sweepTimeout = 5 * time.Second
 // sweep kills what the worker left running once its main process exited
 // (exitedAt), before it is reaped (wait), and logs each process it killed.
 func (w *Worker) sweep(log hclog.Logger, exitedAt time.Time) {
+	es, swept := w.beginSweep()
+	defer close(swept)
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
-	left := w.killEscaped(ctx)
+	left := killEscaped(ctx, es)
 	u := w.groupUnit()
 	w.kernelSaid(log, u.Stats())
 	more, err := u.End(ctx)
@@ -92,7 +95,8 @@ func (w *Worker) unitRecord() *procunit.Record {
 // the old release until the worker exits. It gets the worker's stop
 // signal with it (the worker's own signal reaches its process or group
 // alone), and one that still holds the socket when the reload is to
-// return is killed then.
+// return is killed then. Where the worker exited before, its exit sweep
+// kills them, and the reload returns once that sweep ended (endEscaped).
 
 // escapedExitGrace is how long endEscaped waits for an escaped process
 // that let go of the sockets to be gone.
@@ -130,9 +134,19 @@ func (w *Worker) stopEscaped(sig syscall.Signal) {
 			continue
 		}
 		_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+		// A worker that exits on its signal can be past the start of its
+		// exit sweep by now (a sweep of /proc takes a while): the sweep
+		// ends the process and endEscaped waits for the sweep, so no one
+		// would take the pidfd over.
 		w.mu.Lock()
-		w.escaped = append(w.escaped, escapee{p, fd})
+		late := w.swept != nil
+		if !late {
+			w.escaped = append(w.escaped, escapee{p, fd})
+		}
 		w.mu.Unlock()
+		if late {
+			unix.Close(fd)
+		}
 	}
 }
 
@@ -150,8 +164,13 @@ func holdsOwn(pid int, socks map[uint64]bool) bool {
 // endEscaped waits until each escaped process stopped holding the
 // listening sockets or exited, at most until until; it SIGKILLs the ones
 // that did not and waits for them (a second at most), naming each in the
-// log.
+// log. Where the worker exited, its exit sweep takes the escaped processes
+// over (whichever of the two comes first takes them): then, and whenever
+// the sweep began before this returns, it waits until the sweep ended.
+// Returning at once there let a reload return while the sweep was still
+// killing a daemon that served the old release (issue 40).
 func (w *Worker) endEscaped(until time.Time, log hclog.Logger) {
+	defer w.awaitSweep(log)
 	w.mu.Lock()
 	es := w.escaped
 	w.escaped = nil
@@ -182,16 +201,49 @@ func (w *Worker) endEscaped(until time.Time, log hclog.Logger) {
 	}
 }
 
-// killEscaped SIGKILLs, once the worker exited, the escaped processes that
-// endEscaped did not end (those that got its stop signal), through their
-// pidfds, and waits until they are gone (at most until ctx ends). One that
-// is exiting from the stop signal is past the unit's sweep (its
-// environment is gone) but not gone yet. It returns those it killed.
-func (w *Worker) killEscaped(ctx context.Context) []procunit.Proc {
+// beginSweep marks the start of the worker's exit sweep: it takes over the
+// escaped processes endEscaped has not taken, and returns them with
+// w.swept, which the sweep closes once it ended (awaitSweep).
+func (w *Worker) beginSweep() ([]escapee, chan struct{}) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	es := w.escaped
 	w.escaped = nil
+	w.swept = make(chan struct{})
+	return es, w.swept
+}
+
+// awaitSweep waits, once the worker's exit sweep began, until it ended
+// (it is bounded by sweepTimeout), so that nothing of the worker's unit is
+// left holding the app's sockets; at once if it has not begun.
+func (w *Worker) awaitSweep(log hclog.Logger) {
+	w.mu.Lock()
+	swept := w.swept
 	w.mu.Unlock()
+	if swept == nil {
+		return
+	}
+	t := time.NewTimer(sweepTimeout + time.Second)
+	defer t.Stop()
+	select {
+	case <-swept:
+	case <-t.C:
+		if log != nil {
+			log.Error("the sweep of what an old worker left running did not end in time; the operation returns "+
+				"without it", "worker", w.Slot, "worker_pid", w.PID, "waited", sweepTimeout+time.Second)
+		}
+	}
+}
+
+// killEscaped SIGKILLs, once the worker exited, the escaped processes es
+// that endEscaped did not end (those that got its stop signal), through
+// their pidfds, and waits until they are gone (at most until ctx ends).
+// One that is exiting from the stop signal is past the unit's sweep (its
+// environment is gone) but not gone yet. It returns those it killed.
+func killEscaped(ctx context.Context, es []escapee) []procunit.Proc {
+	if len(es) > 0 {
+		failpoint.HoldSweep() // a stress test's slow sweep; nothing otherwise
+	}
 	var killed []procunit.Proc
 	for _, e := range es {
 		if !exitedWithin(e.fd, 0) {

@@ -62,6 +62,9 @@ type Worker struct {
 	// escaped are the processes of its unit that got its stop signal
 	// (stopEscaped); guarded by mu.
 	escaped []escapee
+	// swept is made when the exit sweep begins and closed when it ended
+	// (beginSweep, awaitSweep); nil before. Guarded by mu.
+	swept chan struct{}
 	// pz pauses the readers of the worker's channels for a handoff; ends
 	// are the agent's ends that a handoff passes (out, err, ipc, node), and
 	// notify its notify socket.

@@ -29,6 +29,7 @@ type config struct {
 	tick            time.Duration
 	healthAfter     time.Duration
 	daemonDir       string
+	daemonNoTERM    bool
 }
 
 // envPrefix names the environment variables that set flags: TESTAPP_STARTUP_DELAY=2s is
@@ -59,6 +60,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&c.notifyFromChild, "notify-from-child", false, "send READY=1 from a child process (-ready notify)")
 	fs.StringVar(&c.daemonDir, "daemon-dir", "", "before serving, start a daemon (setsid) that keeps the inherited listener (fd 3) and stdout, "+
 		"serves \"version=<version>-daemon\" on it for ever, and writes its pid to a file named after it in `DIR`")
+	fs.BoolVar(&c.daemonNoTERM, "daemon-ignore-sigterm", false, "the -daemon-dir daemon ignores SIGTERM (it holds the listener until killed)")
 
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of testapp (each flag also from %sNAME, e.g. %sSTARTUP_DELAY=2s):\n", envPrefix, envPrefix)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -36,6 +37,9 @@ func startDaemon(cfg config) error {
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), roleEnv+"="+roleDaemon, "TESTAPP_DAEMON_VERSION="+cfg.version,
 		"TESTAPP_DAEMON_DIR_="+cfg.daemonDir)
+	if cfg.daemonNoTERM {
+		cmd.Env = append(cmd.Env, "TESTAPP_DAEMON_NO_TERM_=1")
+	}
 	cmd.ExtraFiles = []*os.File{l}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -46,9 +50,13 @@ func startDaemon(cfg config) error {
 	return cmd.Process.Release()
 }
 
-// runDaemon is the daemon's whole life: it serves on fd 3 until killed.
+// runDaemon is the daemon's whole life: it serves on fd 3 until killed
+// (with -daemon-ignore-sigterm, by SIGKILL).
 func runDaemon() int {
 	dir, ver := os.Getenv("TESTAPP_DAEMON_DIR_"), os.Getenv("TESTAPP_DAEMON_VERSION")
+	if os.Getenv("TESTAPP_DAEMON_NO_TERM_") == "1" {
+		signal.Ignore(syscall.SIGTERM)
+	}
 	l, err := net.FileListener(os.NewFile(3, "listener"))
 	if err != nil {
 		warnf("daemon %d: %v", os.Getpid(), err)

@@ -47,3 +47,30 @@ func DelaySignal() {
 		time.Sleep(rand.N(d + 1))
 	}
 }
+
+// EnvSweepHold: the exit sweep of a worker whose escaped processes (a
+// setsid daemon holding the app's listener, workers/sweep.go) got its stop
+// signal waits this long (a Go duration, at most MaxSweepHold) after it
+// took them over and before it kills them: a sweep slowed by a loaded
+// machine, so that a test sees what waits for it and what does not.
+// Read by the agent (workers).
+const EnvSweepHold = "DEPLOYD_TEST_SWEEP_HOLD"
+
+// MaxSweepHold bounds EnvSweepHold.
+const MaxSweepHold = 10 * time.Second
+
+// sweepHold is EnvSweepHold's duration, 0 when unset or not positive.
+var sweepHold = sync.OnceValue(func() time.Duration {
+	d, err := time.ParseDuration(os.Getenv(EnvSweepHold))
+	if err != nil || d <= 0 {
+		return 0
+	}
+	return min(d, MaxSweepHold)
+})
+
+// HoldSweep waits EnvSweepHold's duration: at once when the knob is unset.
+func HoldSweep() {
+	if d := sweepHold(); d > 0 {
+		time.Sleep(d)
+	}
+}
