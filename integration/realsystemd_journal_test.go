@@ -37,6 +37,7 @@ func TestRealSystemdJournalEveryLineOnce(t *testing.T) {
 target = "journal"
 `, perWorker)))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
+	a.Journal = func() string { return sd.journal("deployd") }
 	if out, err := sd.run(bins.Deployd, "startup", "systemd", "-c", a.Config); err != nil {
 		t.Fatalf("deployd startup systemd: %v\n%s", err, out)
 	}
