@@ -102,6 +102,7 @@ func TestRealSystemdAgentKillsAdoptWorkers(t *testing.T) {
 	const instances, kills = 2, 3
 	a := NewAgentDir(t, bins, abruptApp(port, instances, ""))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
+	a.Journal = func() string { return sd.journal("deployd") }
 	if out, err := sd.run(bins.Deployd, "startup", "systemd", "-c", a.Config); err != nil {
 		t.Fatalf("deployd startup systemd: %v\n%s", err, out)
 	}

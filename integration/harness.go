@@ -202,6 +202,20 @@ type Agent struct {
 	CallTimeout time.Duration
 	// Env is added to the agent's environment (set before Start).
 	Env []string
+	// Journal returns the agent's log where the harness did not start the
+	// agent and so holds none of it (the unit's journal under a real
+	// systemd); failures print it beside the log the harness holds.
+	Journal func() string
+}
+
+// failLog is what a failure prints of the agents' logs: the output of the
+// agent the harness started and, with Journal, the journal.
+func (a *Agent) failLog() string {
+	out := a.log.String()
+	if a.Journal != nil {
+		out += "\nthe agents' journal:\n" + a.Journal()
+	}
+	return out
 }
 
 // UseOwnBinary makes the agent run from a copy of deployd in its folder, so
@@ -424,7 +438,7 @@ func (a *Agent) Status() *api.Status {
 		a.Stuck("status", err)
 	}
 	if err != nil {
-		a.t.Fatalf("status: %v\n%s", err, a.log.String())
+		a.t.Fatalf("status: %v\n%s", err, a.failLog())
 	}
 	return st
 }
@@ -451,7 +465,7 @@ func (a *Agent) WaitFor(what string, timeout time.Duration, cond func(*api.Statu
 			return st
 		}
 		if time.Now().After(deadline) {
-			a.t.Fatalf("timed out after %s waiting for %s; last status: %+v\nagent log:\n%s", timeout, what, st, a.log.String())
+			a.t.Fatalf("timed out after %s waiting for %s; last status: %+v\nagent log:\n%s", timeout, what, st, a.failLog())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

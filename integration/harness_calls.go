@@ -50,7 +50,7 @@ func (a *Agent) Stuck(what string, err error) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	a.t.Fatalf("%s: no answer in time (%v); the agent's goroutines (SIGQUIT to %v) are in its log:\n%s", what, err, pids, a.log.String())
+	a.t.Fatalf("%s: no answer in time (%v); the agent's goroutines (SIGQUIT to %v) are in its log:\n%s", what, err, pids, a.failLog())
 }
 
 // agentPIDs are the pids of `deployd agent -c <this config>` processes

@@ -62,6 +62,7 @@ max_size = "4MiB"
 max_files = 1000
 `, perWorker, target)))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
+	a.Journal = func() string { return sd.journal("deployd") }
 	if out, err := sd.run(bins.Deployd, "startup", "systemd", "-c", a.Config); err != nil {
 		t.Fatalf("deployd startup systemd: %v\n%s", err, out)
 	}

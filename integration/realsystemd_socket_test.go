@@ -23,6 +23,7 @@ func TestRealSystemdSocketUnits(t *testing.T) {
 	const n, kills = 2, 2
 	a := NewAgentDir(t, bins, appConfig("web", port, n, `env = { TESTAPP_TICK = "20ms" }`))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
+	a.Journal = func() string { return sd.journal("deployd") }
 	defer func() {
 		if t.Failed() {
 			t.Logf("journal of deployd:\n%s", sd.journal("deployd"))

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/deployd/deployd/agent/api"
+	"github.com/deployd/deployd/internal/failpoint"
 )
 
 // A real systemd for the tests: systemd (252 here) booted as PID 1 of its
@@ -243,6 +244,26 @@ func (s *realSystemd) journal(unit string) string {
 	return out
 }
 
+// passStressKnobs gives the unit's agents the stress knobs of the test's
+// environment (.ci/stress sets them; a unit's agent gets no variable of
+// the test's otherwise) in a drop-in. Call before daemon-reload.
+func (s *realSystemd) passStressKnobs() {
+	s.t.Helper()
+	var env strings.Builder
+	for _, k := range []string{failpoint.EnvSignalDelay, failpoint.EnvHandoffHold} {
+		if v, ok := os.LookupEnv(k); ok {
+			fmt.Fprintf(&env, "Environment=%s=%s\\n", k, v)
+		}
+	}
+	if env.Len() == 0 {
+		return
+	}
+	if out, err := s.run("sh", "-c", "mkdir -p /etc/systemd/system/deployd.service.d && "+
+		"printf '[Service]\\n"+env.String()+"' > /etc/systemd/system/deployd.service.d/stress.conf"); err != nil {
+		s.t.Fatalf("write the unit's drop-in of stress knobs: %v\n%s", err, out)
+	}
+}
+
 // TestRealSystemdReloadStopRestart runs the agent as the unit `deployd
 // startup systemd` writes, under a real systemd: 5 × `systemctl reload`
 // under both loads (0 failed, the same worker pids, a new agent each time),
@@ -253,9 +274,11 @@ func TestRealSystemdReloadStopRestart(t *testing.T) {
 	port := FreePort(t)
 	a := NewAgentDir(t, bins, appConfig("web", port, 2, ""))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
+	a.Journal = func() string { return sd.journal("deployd") }
 	if out, err := sd.run(bins.Deployd, "startup", "systemd", "-c", a.Config); err != nil {
 		t.Fatalf("deployd startup systemd: %v\n%s", err, out)
 	}
+	sd.passStressKnobs()
 	sd.mustCtl("daemon-reload")
 	t0 := time.Now()
 	sd.mustCtl("start", "deployd")

@@ -32,6 +32,7 @@ func TestRealSystemdAgentKillThenReloadSweepsSetsidChildren(t *testing.T) {
 	}
 	a.WriteConfig(daemonApp(port, 2, "v1", d1))
 	sd := bootSystemd(t, a.Dir, bins.Dir)
+	a.Journal = func() string { return sd.journal("deployd") }
 	if out, err := sd.run(bins.Deployd, "startup", "systemd", "-c", a.Config); err != nil {
 		t.Fatalf("deployd startup systemd: %v\n%s", err, out)
 	}
