@@ -131,7 +131,7 @@ func (s *Supervisor) StopLeftovers() {
 	s.call(func(st *state) { ws, st.leftovers = st.leftovers, nil })
 	var wg sync.WaitGroup
 	for _, w := range ws {
-		wg.Go(func() { w.stop(Stopping) })
+		wg.Go(func() { w.stop(Stopping, s.log) })
 	}
 	wg.Wait()
 }

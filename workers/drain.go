@@ -52,7 +52,7 @@ func (o *op) drainInBackground(d *drain) {
 	killAt := w.askStop(Draining)
 	go func() {
 		defer close(d.done)
-		w.awaitStop(killAt)
+		w.awaitStop(killAt, o.s.log)
 		o.step(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release,
 			Millis: time.Since(t).Milliseconds(), Message: w.stopDescription()}, func(st *state) {
 			st.draining = slices.DeleteFunc(st.draining, func(x *drain) bool { return x == d })

@@ -272,7 +272,7 @@ func (o *op) stopNews(group []*slot, news []*Worker) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.stop(Stopping)
+			w.stop(Stopping, o.s.log)
 			o.publish(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: w.ExitDescription()},
 				func(*state) {
 					group[k].extra = slices.DeleteFunc(group[k].extra, func(x *Worker) bool { return x == w })

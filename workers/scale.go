@@ -108,7 +108,7 @@ func (o *op) stopWorker(sl *slot, w *Worker, how State, report bool) {
 	}
 	emit(Event{Type: EventDraining, Slot: w.Slot, PID: w.PID, Release: w.Release, Message: note}, aside)
 	t := time.Now()
-	w.stop(how)
+	w.stop(how, o.s.log)
 	emit(Event{Type: EventExited, Slot: w.Slot, PID: w.PID, Release: w.Release, Millis: time.Since(t).Milliseconds(),
 		Message: w.stopDescription()}, func(st *state) {
 		sl.extra = slices.DeleteFunc(sl.extra, func(x *Worker) bool { return x == w })

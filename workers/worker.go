@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/deployd/deployd/handoff"
@@ -97,6 +99,11 @@ type Worker struct {
 	health    healthState
 	// saidStopping: the worker sent STOPPING=1 (it stopped accepting).
 	saidStopping bool
+	// stopSched is its processes' CPU figures when it got its stop signal
+	// (askStop), and killedAtStop the stop_timeout at which awaitStop
+	// killed it, 0 if it did not (stopkill.go).
+	stopSched    schedTimes
+	killedAtStop time.Duration
 	// members are the agent's copies of the worker's own sockets (kernel
 	// steering, steer.go) until it is put in its slot.
 	members []member
@@ -205,8 +212,16 @@ func (w *Worker) ExitDescription() string {
 func (w *Worker) stopDescription() string {
 	d := w.ExitDescription()
 	w.mu.Lock()
-	last := w.status
+	last, killed := w.status, w.killedAtStop
+	var byKill bool
+	if w.exitState != nil {
+		ws, ok := w.exitState.Sys().(syscall.WaitStatus)
+		byKill = ok && ws.Signal() == syscall.SIGKILL
+	}
 	w.mu.Unlock()
+	if killed > 0 && byKill { // not one that exited on its own as the timer fired
+		d = fmt.Sprintf("%s at stop_timeout (%s)", d, killed)
+	}
 	if last == "" {
 		return d
 	}
@@ -224,15 +239,16 @@ func (w *Worker) stoppedAccepting() bool {
 }
 
 // stop asks the worker to stop with its spec's stop signal and waits up to
-// its stop timeout; then the process group is killed. Returns when the
-// worker is gone. Safe to call more than once and concurrently.
-func (w *Worker) stop(state State) {
+// its stop timeout; then the process group is killed (and log says why).
+// Returns when the worker is gone. Safe to call more than once and
+// concurrently.
+func (w *Worker) stop(state State, log hclog.Logger) {
 	select {
 	case <-w.exited:
 		return
 	default:
 	}
-	w.awaitStop(w.askStop(state))
+	w.awaitStop(w.askStop(state), log)
 }
 
 // askStop moves the worker to state and sends it its stop signal; it
@@ -242,18 +258,31 @@ func (w *Worker) askStop(state State) time.Time {
 	w.setState(state)
 	w.signal(w.spec.StopSignal)
 	w.stopEscaped(w.spec.StopSignal)
-	return time.Now().Add(w.spec.StopTimeout)
+	killAt := time.Now().Add(w.spec.StopTimeout)
+	sched := treeSched(w.PID) // after the signal: it waits for no diagnostics
+	w.mu.Lock()
+	w.stopSched = sched
+	w.mu.Unlock()
+	return killAt
 }
 
 // awaitStop waits until the worker is gone, killing its process group at
-// killAt if it still runs then.
-func (w *Worker) awaitStop(killAt time.Time) {
+// killAt if it still runs then; log says why, with what the worker's
+// processes did since the stop signal (logStopKill).
+func (w *Worker) awaitStop(killAt time.Time, log hclog.Logger) {
 	t := time.NewTimer(time.Until(killAt))
 	defer t.Stop()
 	select {
 	case <-w.exited:
 	case <-t.C:
+		w.mu.Lock()
+		before := w.stopSched
+		w.mu.Unlock()
+		w.logStopKill(log, before)
 		w.killGroup()
+		w.mu.Lock()
+		w.killedAtStop = w.spec.StopTimeout
+		w.mu.Unlock()
 		<-w.exited
 	}
 }
