@@ -45,11 +45,7 @@ listen = ["unix://%DIR%/side.sock"]
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	select {
-	case <-a.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("agent still running 10s after SIGKILL")
-	}
+	a.AwaitExit(t)
 	// The workers outlive it (no Pdeathsig: a next agent adopts or retires
 	// them) and keep serving while no agent runs.
 	for pid := range old {

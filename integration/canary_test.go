@@ -286,11 +286,7 @@ func TestCanaryDeployHoldDiesWithTheAgent(t *testing.T) {
 	if err := syscall.Kill(a.PID(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-a.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("agent still running 10s after SIGKILL")
-	}
+	a.AwaitExit(t)
 	a.Start()
 	st := a.WaitFor("the next agent ready on one release", 30*time.Second, func(st *api.Status) bool {
 		w := appOf(st, "web")

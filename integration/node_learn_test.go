@@ -61,11 +61,7 @@ stop_timeout = "5s"
 	if err := syscall.Kill(a.PID(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-a.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("agent still running 10s after SIGKILL")
-	}
+	a.AwaitExit(t)
 	a.Start()
 	a.WaitFor("2 ready after the agent's SIGKILL", time.Minute, func(st *api.Status) bool { return AllReady(st, "web", 2) })
 	if after := PIDs(a.App("web")); !maps.Equal(before, after) {

@@ -84,11 +84,7 @@ func TestFullStateDirLeavesNoOrphan(t *testing.T) {
 	if err := syscall.Kill(a.PID(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-a.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("agent still running 10s after SIGKILL")
-	}
+	a.AwaitExit(t)
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}

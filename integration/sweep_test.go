@@ -339,12 +339,7 @@ func TestSetsidChildrenSweptAfterAdoption(t *testing.T) {
 						t.Fatalf("upgrade: exit %d\n%s\n%s", r.Code, r.Stderr, a.Log())
 					}
 				case "sigkill":
-					a.Signal(syscall.SIGKILL)
-					select {
-					case <-a.Done():
-					case <-time.After(10 * time.Second):
-						t.Fatal("agent still running 10s after SIGKILL")
-					}
+					a.KillAndAwait(t)
 					a.Start()
 				}
 				after := workerPIDs(a.WaitFor("adopted", 30*time.Second, func(st *api.Status) bool {
@@ -392,12 +387,7 @@ func TestReloadWaitsForTheExitSweepOfEscapedDaemons(t *testing.T) {
 					return AllReady(st, "web", 2)
 				}))
 				if how == "sigkill" {
-					a.Signal(syscall.SIGKILL)
-					select {
-					case <-a.Done():
-					case <-time.After(10 * time.Second):
-						t.Fatal("agent still running 10s after SIGKILL")
-					}
+					a.KillAndAwait(t)
 					a.Start()
 					after := workerPIDs(a.WaitFor("adopted", 30*time.Second, func(st *api.Status) bool {
 						return AllReady(st, "web", 2)
@@ -435,12 +425,7 @@ func TestSetsidChildrenOfRetiredSurvivorsKilled(t *testing.T) {
 					return AllReady(st, "web", 1)
 				}))
 				_, _, children := leftPIDs(t, d1, 1)
-				a.Signal(syscall.SIGKILL)
-				select {
-				case <-a.Done():
-				case <-time.After(10 * time.Second):
-					t.Fatal("agent still running 10s after SIGKILL")
-				}
+				a.KillAndAwait(t)
 				want := "worker exited and left a process running; killed it"
 				if how == "worker died" {
 					if err := syscall.Kill(old[0], syscall.SIGKILL); err != nil {
