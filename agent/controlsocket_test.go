@@ -1,37 +1,20 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/deployd/deployd/internal/syncbuf"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/deployd/deployd/agent/config"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The agent says which folders it created (as root: /run/deployd,
 // /var/lib/deployd, /var/log/deployd), and removes the control socket's
@@ -45,7 +28,7 @@ func TestAgentLogsCreatedFoldersAndRemovesEmptyRunDir(t *testing.T) {
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out syncbuf.Buffer
 	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
 	upg := newFakeUpgrader(false)
 	done := make(chan error, 1)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deployd/deployd/internal/syncbuf"
+
 	"github.com/deployd/deployd/agent/api"
 )
 
@@ -192,7 +194,7 @@ func TestDemoServes(t *testing.T) {
 		"--instances", "2", "--socket", sock, "--dir", dir)
 	cmd.Env = CleanEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deployd/deployd/internal/syncbuf"
+
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/handoff"
 	"github.com/deployd/deployd/internal/failpoint"
@@ -191,7 +193,7 @@ type Agent struct {
 	// Dir after UseOwnBinary (upgrades replace the file).
 	Binary string
 	cmd    *exec.Cmd
-	log    *syncBuffer
+	log    *syncbuf.Buffer
 	done   chan struct{}
 	// cleanupSet: killLeftWorkers is registered (once per Agent).
 	cleanupSet bool
@@ -241,24 +243,6 @@ func CopyFile(t testing.TB, src, dst string) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // NewAgentDir prepares a folder with config body (the [agent] table is
 // added) without starting anything. %SOCKET% and %DIR% are replaced.
 func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
@@ -272,7 +256,7 @@ func NewAgentDir(t testing.TB, bins *Binaries, body string) *Agent {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	os.Chmod(dir, 0o755)
 	a := &Agent{t: t, bins: bins, Dir: dir, Config: filepath.Join(dir, "deployd.toml"), Binary: bins.Deployd,
-		Socket: filepath.Join(dir, "deployd.sock"), log: &syncBuffer{}}
+		Socket: filepath.Join(dir, "deployd.sock"), log: &syncbuf.Buffer{}}
 	a.Client = api.NewClient(a.Socket)
 	a.WriteConfig(body)
 	return a

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/deployd/deployd/internal/syncbuf"
 )
 
 // PM2's muscle memory: `deployd start app.js -i 2`, delete, list, show,
@@ -241,7 +243,7 @@ func checkMonit(t *testing.T, a *Agent, pids map[int]int) {
 	cmd.Dir = a.Dir
 	cmd.Env = CleanEnv("DEPLOYD_SOCKET="+a.Socket, "DEPLOYD_CONFIG="+a.Config)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

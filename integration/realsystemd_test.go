@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deployd/deployd/internal/syncbuf"
+
 	"github.com/deployd/deployd/agent/api"
 	"github.com/deployd/deployd/internal/failpoint"
 )
@@ -39,7 +41,7 @@ type realSystemd struct {
 	pid    int    // systemd's pid as the machine sees it
 	cgroup string // the name of the cgroup subtree it runs in
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *syncbuf.Buffer
 }
 
 // bootScript boots systemd: $1 the tmpfs folder, $2 the cgroup name, then
@@ -89,7 +91,7 @@ func bootSystemd(t testing.TB, dirs ...string) *realSystemd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &realSystemd{t: t, cgroup: "deployd-systemd-test-" + filepath.Base(tmp), out: &syncBuffer{}}
+	s := &realSystemd{t: t, cgroup: "deployd-systemd-test-" + filepath.Base(tmp), out: &syncbuf.Buffer{}}
 	s.cmd = exec.Command("sh", append([]string{"-c", bootScript, "boot", tmp, s.cgroup}, dirs...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

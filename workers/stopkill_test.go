@@ -1,35 +1,16 @@
 package workers
 
 import (
-	"bytes"
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/deployd/deployd/internal/syncbuf"
+
 	"github.com/hashicorp/go-hclog"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the logger's writes and the
-// test's reads at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // An old worker killed at stop_timeout says so: its exit ("signal:
 // killed at stop_timeout (…)", the exited event's message) and a warning
@@ -41,7 +22,7 @@ func (l *lockedBuffer) String() string {
 // says nothing of the kind.
 func TestStopTimeoutKillSaysWhy(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	spec := testSpec(t, newListener(t), "ignore-term", 1)
 	spec.StopTimeout = 500 * time.Millisecond
 	s := New(Options{App: "web", Shim: testBinary(t), Logger: hclog.New(&hclog.LoggerOptions{

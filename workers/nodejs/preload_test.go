@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/deployd/deployd/internal/syncbuf"
 )
 
 // preloadRun is node running js with the preload, a listener on a free port
@@ -25,7 +27,7 @@ type preloadRun struct {
 	out   *bufio.Scanner
 	ctl   *bufio.Scanner
 	ctlCh chan string
-	errs  *lockedBuffer // node's stderr, also copied to the test's
+	errs  *syncbuf.Buffer // node's stderr, also copied to the test's
 }
 
 func needNode(t *testing.T) {
@@ -107,7 +109,7 @@ func startPreloadWith(t *testing.T, network, address, js string, ready bool, ext
 	env := append(os.Environ(), fmt.Sprintf("TEST_PORT=%d", port), "TEST_ADDR="+ln.Addr().String())
 	cmd.Env = spec.Env(append(env, extra...), 3, 4)
 	cmd.ExtraFiles = []*os.File{child, lf}
-	errs := &lockedBuffer{}
+	errs := &syncbuf.Buffer{}
 	cmd.Stderr = io.MultiWriter(os.Stderr, errs)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
