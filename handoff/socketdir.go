@@ -64,7 +64,7 @@ func openSocketDir(path string, check func(dir string) error) (*socketDir, error
 		unix.Close(fd)
 		return nil, fmt.Errorf("unix socket %s: stat its folder: %w", path, err)
 	}
-	if err := unix.Lstat(dir, &named); err != nil || held.Dev != named.Dev || held.Ino != named.Ino {
+	if err := unix.Lstat(filepath.Clean(dir), &named); err != nil || held.Dev != named.Dev || held.Ino != named.Ino {
 		unix.Close(fd)
 		return nil, fmt.Errorf("unix socket %s: its folder %s was replaced while it was checked; nothing was bound", path, dir)
 	}
